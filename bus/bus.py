@@ -1,0 +1,353 @@
+"""The Bus: connect, handle, request, publish, close.
+
+A :class:`Bus` is one agent's signed connection to the fleet. It owns, and stops in
+reverse order of start: the embedded nats-server (when no URL was given), the
+transport, the reply inbox, the receive workers and every subscription.
+
+States run ``NEW -> OPEN -> CLOSING -> CLOSED`` and never back: a closed bus cannot
+be reopened (connect a new one). ``close`` is idempotent and time-bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+from .context import Context, new_trace, require_parent
+from .envelope import Envelope, Party
+from .errors import BusClosedError, DeadlineExceeded, UsageError, remote_error
+from .inbox import Inbox
+from .keys import KeyPair, PublicKey
+from .receive import Handler, Receiver, Route
+from .replay import LocalReplayGuard, ReplayGuard, SharedReplayGuard
+from .server import EmbeddedServer
+from .signing import Sealer, VerificationPolicy, Verifier, new_id
+from .subjects import SubjectScheme, validate_agent_id, validate_intent
+from .transport.base import Subscription, Transport
+from .trust import TrustStore
+
+__all__ = ["Bus", "BusState", "ReplayMode"]
+
+log = logging.getLogger("intentbus.bus")
+ReplayMode = Literal["shared", "local"]
+REPLAY_BUCKET = "intentbus_replay"
+
+
+class BusState(enum.Enum):
+    """Lifecycle of a :class:`Bus`."""
+
+    NEW = "new"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Bus:
+    """One agent's connection. Build it with :meth:`connect`.
+
+    Args:
+        transport: a connected transport.
+        key: this agent's key pair (its agent id is the sender of everything sent).
+        trust: keys accepted from others; this agent's own key is always added.
+        framework: ``sender.framework`` of sent envelopes.
+        replay: ``"shared"`` (JetStream KV, the default: a replay is refused by every
+            instance of a queue group) or ``"local"`` (this process only).
+        policy: verification time limits.
+        subjects: the subject scheme (prefix).
+        concurrency: handlers running at once.
+        default_timeout: seconds a request waits when no timeout or deadline is given.
+        clock: wall clock in seconds (inject in tests).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        key: KeyPair,
+        *,
+        trust: TrustStore | Iterable[PublicKey] = (),
+        framework: str = "intentbus",
+        replay: ReplayMode = "shared",
+        policy: VerificationPolicy | None = None,
+        subjects: SubjectScheme | None = None,
+        concurrency: int = 64,
+        default_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if replay not in ("shared", "local"):
+            raise UsageError(f"replay must be 'shared' or 'local', not {replay!r}")
+        self.transport = transport
+        self.key = key
+        self.agent_id = key.agent_id
+        self.trust = trust if isinstance(trust, TrustStore) else TrustStore(trust)
+        self.trust.add(key.public)
+        self.subjects = subjects or SubjectScheme()
+        self.policy = policy or VerificationPolicy()
+        self.replay_mode: ReplayMode = replay
+        self.default_timeout = default_timeout
+        self._clock = clock
+        self._sealer = Sealer(key, framework)
+        self._verifier = Verifier(self.trust, self.agent_id, self.policy)
+        self._handlers: dict[str, Handler] = {}
+        self._subs: list[Subscription] = []
+        self._inbox = Inbox(transport, self._verifier, self.now_ms)
+        self._concurrency = concurrency
+        self._receiver: Receiver | None = None
+        self._server: EmbeddedServer | None = None
+        self.state = BusState.NEW
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | None = None,
+        *,
+        key: KeyPair,
+        transport: Transport | None = None,
+        **options: Any,
+    ) -> Bus:
+        """Connect and start; returns once the bus can send and receive.
+
+        Args:
+            url: NATS URL(s). With neither ``url`` nor ``transport``, an embedded
+                nats-server is started and owned (stopped by :meth:`close`).
+            key: this agent's key pair.
+            transport: an already connected transport (tests, custom setups).
+            **options: the keyword arguments of :class:`Bus`.
+
+        Raises:
+            TransportError: the server cannot be reached or started.
+        """
+        server = None
+        if transport is None:
+            from .transport.nats import connect as nats_connect
+
+            if url is None:
+                server = EmbeddedServer()
+                url = await asyncio.to_thread(server.start)
+            try:
+                transport = await nats_connect(url, name=key.agent_id)
+            except BaseException:
+                if server is not None:
+                    await asyncio.to_thread(server.stop)
+                raise
+        bus = cls(transport, key, **options)
+        bus._server = server
+        try:
+            await bus.start()
+        except BaseException:
+            await bus.close()
+            raise
+        return bus
+
+    async def start(self) -> None:
+        """Open the inbox, the direct subject and the workers (called by :meth:`connect`)."""
+        if self.state is not BusState.NEW:
+            raise UsageError(f"cannot start a bus that is {self.state.value}")
+        self._receiver = Receiver(
+            transport=self.transport,
+            sealer=self._sealer,
+            verifier=self._verifier,
+            replay=None,
+            handlers=self._handlers,
+            make_context=lambda env: Context(self, env),
+            now_ms=self.now_ms,
+            concurrency=self._concurrency,
+        )
+        self._receiver.start()
+        await self._inbox.start()
+        direct = Route(None, self.agent_id, ("request", "event"))
+        sink = self._receiver.sink(direct)
+        self._subs.append(
+            await self.transport.subscribe(self.subjects.agent_wildcard(self.agent_id), sink)
+        )
+        self.state = BusState.OPEN
+
+    async def _ensure_replay(self, receiver: Receiver) -> None:
+        # Created with the first handler, so a bus that only sends needs no JetStream.
+        if receiver.replay is not None:
+            return
+        replay: ReplayGuard
+        if self.replay_mode == "shared":
+            ttl = self.policy.replay_window_ms / 1000
+            replay = SharedReplayGuard(await self.transport.key_value(REPLAY_BUCKET, ttl=ttl))
+        else:
+            replay = LocalReplayGuard()
+        receiver.replay = replay
+
+    def now_ms(self) -> int:
+        """The bus clock, Unix milliseconds."""
+        return int(self._clock() * 1000)
+
+    @property
+    def url(self) -> str:
+        """The NATS URL this bus is connected to."""
+        return self.transport.url
+
+    @property
+    def intents(self) -> list[str]:
+        """Intents this bus serves."""
+        return list(self._handlers)
+
+    def _check_open(self) -> Receiver:
+        if self.state is not BusState.OPEN or self._receiver is None:
+            raise BusClosedError(f"bus of {self.agent_id!r} is {self.state.value}")
+        return self._receiver
+
+    async def handle(self, intent: str, handler: Handler, *, queue: str | None = None) -> None:
+        """Serve ``intent``: requests to it reach ``handler(payload, ctx)``.
+
+        Executors of one intent share a queue group (``queue`` overrides its name), so
+        each request reaches one of them. Returns once the subscription is live.
+        The handler's return value (JSON) becomes the signed reply; raising
+        :class:`~bus.context.HandlerError` sends an error reply with its code.
+        """
+        receiver = self._check_open()
+        validate_intent(intent)
+        if intent in self._handlers:
+            raise UsageError(f"intent {intent!r} already has a handler on this bus")
+        await self._ensure_replay(receiver)
+        self._handlers[intent] = handler
+        group = queue or self.subjects.queue_group(intent)
+        sink = receiver.sink(Route(intent, group))
+        self._subs.append(
+            await self.transport.subscribe(self.subjects.intent(intent), sink, queue=group)
+        )
+
+    async def on_event(self, intent: str, handler: Handler, *, queue: str | None = None) -> None:
+        """Receive events of ``intent`` (every subscriber, or one per ``queue`` group)."""
+        receiver = self._check_open()
+        validate_intent(intent)
+        await self._ensure_replay(receiver)
+        self._handlers.setdefault(intent, handler)
+        sink = receiver.sink(Route(intent, queue or self.agent_id, ("event",)))
+        self._subs.append(
+            await self.transport.subscribe(self.subjects.event(intent), sink, queue=queue or "")
+        )
+
+    async def request(
+        self,
+        intent: str,
+        payload: Any,
+        *,
+        timeout: float | None = None,
+        deadline_ms: int | None = None,
+        agent: str | None = None,
+        parent: Envelope | None = None,
+    ) -> Envelope:
+        """Send a signed request and return the verified reply envelope.
+
+        Args:
+            intent: what to do; reaches one executor of the intent's queue group.
+            payload: JSON value.
+            timeout: seconds to wait (default :attr:`default_timeout`).
+            deadline_ms: absolute deadline, Unix ms; the earlier of the two wins.
+            agent: address this one agent instead of any executor.
+            parent: the envelope this request continues; defaults to the one being
+                handled, whose correlation id, trace and deadline are inherited.
+
+        Raises:
+            NoRespondersError, DeadlineExceeded, ReplyRejected, RemoteError subclasses.
+        """
+        self._check_open()
+        parent = require_parent(parent)
+        now = self.now_ms()
+        expires = now + int((self.default_timeout if timeout is None else timeout) * 1000)
+        if deadline_ms is not None:
+            expires = min(expires, deadline_ms)
+        if parent is not None:
+            expires = min(expires, parent.expires_at)
+        subject = self.subjects.agent(agent, intent) if agent else self.subjects.intent(intent)
+        if expires <= now:
+            raise DeadlineExceeded(subject, 0.0)
+        reply_subject = self._inbox.reply_subject()
+        env, body = self._sealer.seal(
+            kind="request",
+            intent=intent,
+            payload=payload,
+            correlation_id=parent.correlation_id if parent else new_id(),
+            trace=new_trace(parent.trace if parent else None),
+            created_at=now,
+            expires_at=expires,
+            recipient=Party(validate_agent_id(agent)) if agent else None,
+            reply_to=reply_subject,
+        )
+        self._inbox.expect(reply_subject, subject, env)
+        try:
+            await self.transport.publish(subject, body, reply=reply_subject)
+        except BaseException:
+            self._inbox.forget(reply_subject)
+            raise
+        reply = await self._inbox.wait(reply_subject, (expires - now) / 1000)
+        if reply.error is not None and reply.error.code == "deadline_exceeded":
+            detail = f"{reply.sender.agent_id} reports the deadline passed on {subject!r}"
+            raise DeadlineExceeded(subject, (expires - now) / 1000, detail)
+        if reply.error is not None:
+            raise remote_error(
+                reply.error.code,
+                reply.error.message,
+                sender=reply.sender.agent_id,
+                data=reply.error.data,
+                correlation_id=reply.correlation_id,
+            )
+        return reply
+
+    async def publish(
+        self, intent: str, payload: Any, *, ttl: float = 60.0, parent: Envelope | None = None
+    ) -> Envelope:
+        """Publish a signed event of ``intent`` (no reply); returns the sent envelope."""
+        self._check_open()
+        parent = require_parent(parent)
+        now = self.now_ms()
+        expires = now + int(ttl * 1000)
+        if parent is not None:
+            expires = min(max(expires, now), max(parent.expires_at, now))
+        env, body = self._sealer.seal(
+            kind="event",
+            intent=intent,
+            payload=payload,
+            correlation_id=parent.correlation_id if parent else new_id(),
+            trace=new_trace(parent.trace if parent else None),
+            created_at=now,
+            expires_at=expires,
+        )
+        await self.transport.publish(self.subjects.event(intent), body)
+        return env
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop receiving, let running handlers finish (up to ``timeout``), disconnect.
+
+        Idempotent. Requests still waiting fail with :class:`BusClosedError`.
+        """
+        if self.state in (BusState.CLOSING, BusState.CLOSED):
+            return
+        self.state = BusState.CLOSING
+        try:
+            for sub in reversed(self._subs):
+                try:
+                    await sub.unsubscribe()
+                except Exception as exc:  # the link may already be gone
+                    log.debug("unsubscribe during close: %s", exc)
+            self._subs.clear()
+            if self._receiver is not None:
+                await self._receiver.drain(timeout)
+            self._inbox.fail_all(BusClosedError(f"bus of {self.agent_id!r} closed"))
+            await self._inbox.stop()
+            await self.transport.close()
+        finally:
+            if self._server is not None:
+                await asyncio.to_thread(self._server.stop)
+            self.state = BusState.CLOSED
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Counts of refused incoming envelopes, by code."""
+        return dict(self._receiver.refused) if self._receiver else {}

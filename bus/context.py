@@ -1,0 +1,96 @@
+"""What a handler sees: the verified envelope, and calls that stay in its conversation.
+
+While a handler runs, :data:`current_envelope` holds the envelope it serves. Any
+request or event sent from inside it (through ``ctx`` or through the bus directly)
+inherits the ``correlation_id``, the trace id (with a fresh span id) and the
+deadline, so a conversation stays threaded with no effort from the author.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from .envelope import Envelope, TraceContext
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .bus import Bus
+
+__all__ = ["Context", "HandlerError", "current_envelope", "new_trace"]
+
+current_envelope: ContextVar[Envelope | None] = ContextVar("intentbus_envelope", default=None)
+
+
+def new_trace(parent: TraceContext | None = None) -> TraceContext:
+    """A child span of ``parent`` (same trace id, new span id), or a new trace."""
+    span = os.urandom(8).hex()
+    if parent is None:
+        return TraceContext(os.urandom(16).hex(), span, "01")
+    return TraceContext(parent.trace_id, span, parent.flags, parent.tracestate)
+
+
+class HandlerError(Exception):
+    """Raise in a handler to send an error reply with your own code.
+
+    Args:
+        code: machine-readable, ``[a-z][a-z0-9_.]*`` (e.g. ``order.over_limit``).
+        message: for humans.
+        data: optional JSON detail.
+    """
+
+    def __init__(self, code: str, message: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class Context:
+    """Per-request view handed to a handler as its second argument."""
+
+    __slots__ = ("bus", "envelope")
+
+    def __init__(self, bus: Bus, envelope: Envelope) -> None:
+        self.bus = bus
+        self.envelope = envelope
+
+    @property
+    def sender(self) -> str:
+        """The verified sender's agent id."""
+        return self.envelope.sender.agent_id
+
+    @property
+    def correlation_id(self) -> str:
+        """The conversation this request belongs to."""
+        return self.envelope.correlation_id
+
+    @property
+    def deadline_ms(self) -> int:
+        """The request's absolute deadline, Unix milliseconds."""
+        return self.envelope.expires_at
+
+    async def request(
+        self,
+        intent: str,
+        payload: Any,
+        *,
+        timeout: float | None = None,
+        agent: str | None = None,
+    ) -> Envelope:
+        """:meth:`Bus.request` within this conversation (see the module docstring)."""
+        return await self.bus.request(
+            intent, payload, timeout=timeout, agent=agent, parent=self.envelope
+        )
+
+    async def publish(self, intent: str, payload: Any) -> Envelope:
+        """:meth:`Bus.publish` within this conversation."""
+        return await self.bus.publish(intent, payload, parent=self.envelope)
+
+
+def require_parent(parent: Envelope | None) -> Envelope | None:
+    """The explicit parent, else the envelope of the running handler (if any)."""
+    if parent is not None and not isinstance(parent, Envelope):
+        raise UsageError("parent must be an Envelope")
+    return parent if parent is not None else current_envelope.get()

@@ -1,0 +1,115 @@
+"""The one narrow seam between the bus and a message system.
+
+Everything above this module (the Bus, the patterns, the registry, the agents) is
+written against these Protocols only: a nats-py adapter (:mod:`bus.transport.nats`)
+and an in-memory twin (:mod:`bus.transport.memory`) implement them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+__all__ = ["KeyValue", "Msg", "MsgHandler", "Subscription", "Transport", "is_no_responders"]
+
+
+class Msg(Protocol):
+    """A received message (nats-py's ``Msg`` satisfies this as it is)."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def reply(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
+
+
+MsgHandler = Callable[[Msg], Awaitable[None]]
+
+
+def is_no_responders(msg: Msg) -> bool:
+    """True for the server's status message that says nobody listens (status 503)."""
+    headers = msg.headers
+    return not msg.data and headers is not None and headers.get("Status") == "503"
+
+
+class Subscription(Protocol):
+    """A live subscription."""
+
+    async def unsubscribe(self) -> None:
+        """Stop delivery; messages already queued are dropped."""
+        ...
+
+
+class KeyValue(Protocol):
+    """A key/value bucket with a bucket-wide TTL (JetStream KV, or its in-memory twin)."""
+
+    async def create(self, key: str, value: bytes) -> bool:
+        """Store ``value`` only if ``key`` is absent; False when it exists (atomic)."""
+        ...
+
+    async def get(self, key: str) -> bytes | None:
+        """The current value, or None when absent or expired."""
+        ...
+
+    async def put(self, key: str, value: bytes) -> None:
+        """Store ``value`` unconditionally."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key`` (no error when absent)."""
+        ...
+
+
+class Transport(Protocol):
+    """Publish/subscribe with queue groups, inboxes and KV buckets.
+
+    Contract: ``subscribe`` returns only once the subscription is live on the
+    server (a publish made after it returns can be delivered to it); handlers of one
+    subscription are awaited one at a time, in order, so a handler that must not
+    block the subscription hands work to its own workers.
+    """
+
+    @property
+    def url(self) -> str:
+        """Where this transport is connected (for display)."""
+        ...
+
+    def new_inbox(self) -> str:
+        """A fresh, unguessable subject prefix for replies to this connection."""
+        ...
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        reply: str = "",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Send one message. With ``reply`` set and nobody subscribed to ``subject``,
+        a no-responders status message is delivered to ``reply``."""
+        ...
+
+    async def subscribe(
+        self, subject: str, handler: MsgHandler, *, queue: str = ""
+    ) -> Subscription:
+        """Deliver matching messages (``*`` and ``>`` wildcards) to ``handler``.
+
+        Within one ``queue`` group each message reaches exactly one member.
+        """
+        ...
+
+    async def key_value(self, bucket: str, *, ttl: float) -> KeyValue:
+        """Open the bucket, creating it (in memory storage) when missing."""
+        ...
+
+    async def flush(self, timeout: float = 5.0) -> None:
+        """Return once the server has processed everything sent so far."""
+        ...
+
+    async def close(self) -> None:
+        """Drain subscriptions, flush and disconnect. Idempotent."""
+        ...
