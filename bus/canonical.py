@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_SAFE_INTEGER", "canonicalize", "format_number"]
+__all__ = ["MAX_SAFE_INTEGER", "canonicalize", "format_number", "plain"]
 
 MAX_SAFE_INTEGER = 2**53 - 1
 _SORT = orjson.OPT_SORT_KEYS
@@ -36,31 +36,57 @@ def canonicalize(value: Any) -> bytes:
         TypeError: a value of another type, or a non-str object key.
         ValueError: NaN, an infinity or an integer outside the safe range.
     """
-    if _plain(value):
+    if plain(value):
         return orjson.dumps(value, option=_SORT)
     return "".join(_exact(value)).encode()
 
 
-def _plain(value: Any) -> bool:
-    """True when orjson's output is already canonical; raises on unsupported data."""
+def plain(value: Any) -> bool:
+    """True when orjson's sorted output of ``value`` is already canonical.
+
+    That is: no float anywhere and only ASCII object keys. Raises TypeError or
+    ValueError for values that have no JSON form at all.
+    """
     t = type(value)
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                raise TypeError(f"object keys must be str, not {type(k).__name__}")
+            if not k.isascii():
+                return False
+            tv = type(v)
+            if tv is str or tv is bool or v is None:
+                continue
+            if (tv is dict or tv is list or tv is int) and plain(v):
+                continue
+            return _leaf(v)
+        return True
+    if t is list or t is tuple:
+        for v in value:
+            tv = type(v)
+            if tv is str or tv is bool or v is None:
+                continue
+            if (tv is dict or tv is list or tv is int) and plain(v):
+                continue
+            return _leaf(v)
+        return True
     if t is str or t is bool or value is None:
         return True
     if t is int:
         if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
             return True
         raise ValueError(f"integer {value} is outside the IEEE-754 safe range")
-    if t is dict:
-        for k, v in value.items():
-            if type(k) is not str:
-                raise TypeError(f"object keys must be str, not {type(k).__name__}")
-            if not k.isascii() or not _plain(v):
-                return False
-        return True
-    if t is list or t is tuple:
-        return all(_plain(v) for v in value)
+    return _leaf(value)
+
+
+def _leaf(value: Any) -> bool:
+    """A value ``plain`` could not accept: False for containers/floats that need the
+    exact path, an error for what has no JSON form."""
+    t = type(value)
     if t is float:
         _check_float(value)
+        return False
+    if t is dict or t is list or t is tuple:
         return False
     raise TypeError(f"{t.__name__} is not a JSON value")
 

@@ -8,12 +8,12 @@ deadline, so a conversation stays threaded with no effort from the author.
 
 from __future__ import annotations
 
-import os
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope, TraceContext
 from .errors import UsageError
+from .ids import new_span_id, new_trace_id
 
 if TYPE_CHECKING:
     from .bus import Bus
@@ -25,10 +25,9 @@ current_envelope: ContextVar[Envelope | None] = ContextVar("intentbus_envelope",
 
 def new_trace(parent: TraceContext | None = None) -> TraceContext:
     """A child span of ``parent`` (same trace id, new span id), or a new trace."""
-    span = os.urandom(8).hex()
     if parent is None:
-        return TraceContext(os.urandom(16).hex(), span, "01")
-    return TraceContext(parent.trace_id, span, parent.flags, parent.tracestate)
+        return TraceContext(new_trace_id(), new_span_id(), "01")
+    return TraceContext(parent.trace_id, new_span_id(), parent.flags, parent.tracestate)
 
 
 class HandlerError(Exception):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
+from .canonical import canonicalize, plain
 from .errors import EnvelopeRejected
 from .subjects import validate_agent_id, validate_intent
 
@@ -24,6 +25,7 @@ __all__ = [
     "Party",
     "Signature",
     "TraceContext",
+    "canonical_bytes",
     "decode",
 ]
 
@@ -108,12 +110,14 @@ class Signature:
         return {"alg": self.alg, "kid": self.kid, "sig": self.sig}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Envelope:
     """One message on the bus. Times are Unix milliseconds (UTC).
 
     ``in_reply_to``, ``status`` and ``error`` belong to replies; ``recipient`` and
-    ``reply_to`` are optional. ``signature`` is None only before sealing.
+    ``reply_to`` are optional. ``signature`` is None only before sealing. Treat it as
+    immutable: it is not frozen only because frozen dataclasses cost ~3 µs more to
+    build, twice per round trip.
     """
 
     kind: Kind
@@ -188,120 +192,153 @@ def decode(body: bytes) -> tuple[Envelope, dict[str, Any]]:
         raise EnvelopeRejected("malformed", f"body is not JSON: {exc}") from None
     if type(raw) is not dict:
         raise EnvelopeRejected("malformed", "body is not a JSON object")
-    mid = raw.get("message_id")
-    mid = mid if isinstance(mid, str) and _ID.fullmatch(mid) else None
     try:
-        return _build(raw), {k: v for k, v in raw.items() if k != "signature"}
+        env = _build(raw)
     except EnvelopeRejected as exc:
-        exc.message_id = mid
+        exc.message_id = _safe_id(raw.get("message_id"))
         raise
     except (ValueError, TypeError, KeyError) as exc:
-        raise EnvelopeRejected("malformed", str(exc), message_id=mid) from None
+        raise EnvelopeRejected(
+            "malformed", str(exc), message_id=_safe_id(raw.get("message_id"))
+        ) from None
+    unsigned = dict(raw)
+    unsigned.pop("signature", None)
+    return env, unsigned
+
+
+def canonical_bytes(unsigned: dict[str, Any]) -> bytes:
+    """RFC 8785 bytes of an envelope object without ``signature``.
+
+    The members this module validates (ids, times, intent, the fixed-shape objects
+    ``trace``, ``sender``, ``recipient``) hold only ASCII-keyed strings and safe
+    integers, so only the rest (``payload``, ``error``, unknown members) needs the
+    check that picks between orjson and the exact serializer.
+
+    Raises:
+        TypeError, ValueError: a value without a canonical JSON form.
+    """
+    for key in unsigned.keys() - _SHAPED:
+        if not plain(unsigned[key]):
+            return canonicalize(unsigned)
+    return orjson.dumps(unsigned, option=orjson.OPT_SORT_KEYS)
+
+
+_SHAPED = frozenset(
+    {"v", "kind", "message_id", "correlation_id", "in_reply_to", "trace", "sender",
+     "recipient", "intent", "reply_to", "status", "created_at", "expires_at", "a2a_version"}
+)  # fmt: skip
+_PARTY_KEYS = frozenset({"agent_id", "framework"})
+_TRACE_KEYS = frozenset({"traceparent", "tracestate"})
+_SIG_KEYS = frozenset({"alg", "kid", "sig"})
+_MAX_MS = 2**53 - 1
+
+
+def _safe_id(value: Any) -> str | None:
+    return value if type(value) is str and _ID.fullmatch(value) else None
 
 
 def _build(raw: dict[str, Any]) -> Envelope:
-    if raw.get("v") != ENVELOPE_VERSION:
-        raise EnvelopeRejected("unsupported_version", f"envelope version {raw.get('v')!r}; want 1")
-    kind = _str(raw, "kind")
+    get = raw.get
+    if get("v") != ENVELOPE_VERSION:
+        raise EnvelopeRejected("unsupported_version", f"envelope version {get('v')!r}; want 1")
+    kind = get("kind")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    status = _opt_str(raw, "status")
-    if status is not None and status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
-    error = _error(raw.get("error"))
-    if (status == "error") != (error is not None):
-        raise ValueError("status 'error' and the error member go together")
-    created, expires = _int(raw, "created_at"), _int(raw, "expires_at")
-    if expires < created:
-        raise ValueError("expires_at is before created_at")
+    created, expires = get("created_at"), get("expires_at")
+    if (
+        type(created) is not int
+        or type(expires) is not int
+        or not 0 <= created <= expires <= _MAX_MS
+    ):
+        raise ValueError("created_at <= expires_at must be integers (Unix milliseconds)")
     if "payload" not in raw:
         raise ValueError("payload is missing")
-    in_reply_to = _opt_id(raw, "in_reply_to")
+    status, error = get("status"), _error(get("error"))
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+    if (status == "error") != (error is not None):
+        raise ValueError("status 'error' and the error member go together")
+    in_reply_to = _opt_id(get("in_reply_to"), "in_reply_to")
     if (kind == "reply") != (in_reply_to is not None):
         raise ValueError("in_reply_to is required on replies and only there")
+    recipient = get("recipient")
+    reply_to = get("reply_to")
+    if reply_to is not None and type(reply_to) is not str:
+        raise ValueError("reply_to must be a string")
+    a2a = get("a2a_version")
+    if type(a2a) is not str:
+        raise ValueError("a2a_version must be a string")
+    intent = get("intent")
+    if type(intent) is not str:
+        raise ValueError("intent must be a string")
     return Envelope(
-        kind=kind,  # type: ignore[arg-type]
-        message_id=_id(raw, "message_id"),
-        correlation_id=_id(raw, "correlation_id"),
-        trace=_trace(raw.get("trace")),
-        sender=_party(raw.get("sender"), "sender"),
-        intent=validate_intent(_str(raw, "intent")),
-        payload=raw["payload"],
-        created_at=created,
-        expires_at=expires,
-        recipient=None if raw.get("recipient") is None else _party(raw["recipient"], "recipient"),
-        reply_to=_opt_str(raw, "reply_to"),
-        in_reply_to=in_reply_to,
-        status=status,
-        error=error,
-        a2a_version=_str(raw, "a2a_version"),
-        signature=_signature(raw.get("signature")),
+        kind,
+        _id(get("message_id"), "message_id"),
+        _id(get("correlation_id"), "correlation_id"),
+        _trace(get("trace")),
+        _party(get("sender"), "sender"),
+        validate_intent(intent),
+        raw["payload"],
+        created,
+        expires,
+        None if recipient is None else _party(recipient, "recipient"),
+        reply_to,
+        in_reply_to,
+        status,
+        error,
+        a2a,
+        _signature(get("signature")),
     )
 
 
-def _str(raw: dict[str, Any], key: str) -> str:
-    v = raw.get(key)
-    if not isinstance(v, str):
-        raise ValueError(f"{key} must be a string")
-    return v
+def _id(value: Any, what: str) -> str:
+    if type(value) is not str or _ID.fullmatch(value) is None:
+        raise ValueError(f"{what} must be 1-128 characters of A-Z a-z 0-9 _ -")
+    return value
 
 
-def _opt_str(raw: dict[str, Any], key: str) -> str | None:
-    return None if raw.get(key) is None else _str(raw, key)
+def _opt_id(value: Any, what: str) -> str | None:
+    return None if value is None else _id(value, what)
 
 
-def _id(raw: dict[str, Any], key: str) -> str:
-    v = _str(raw, key)
-    if _ID.fullmatch(v) is None:
-        raise ValueError(f"{key} must be 1-128 characters of A-Z a-z 0-9 _ -")
-    return v
-
-
-def _opt_id(raw: dict[str, Any], key: str) -> str | None:
-    return None if raw.get(key) is None else _id(raw, key)
-
-
-def _int(raw: dict[str, Any], key: str) -> int:
-    v = raw.get(key)
-    if type(v) is not int or v < 0:
-        raise ValueError(f"{key} must be a non-negative integer (Unix milliseconds)")
-    return v
-
-
-def _obj(value: Any, what: str) -> dict[str, Any]:
+def _fields(value: Any, what: str, allowed: frozenset[str]) -> dict[str, Any]:
     if type(value) is not dict:
         raise ValueError(f"{what} must be an object")
+    if not value.keys() <= allowed:
+        raise ValueError(f"{what} has unknown members {sorted(value.keys() - allowed)}")
+    for k, v in value.items():
+        if type(v) is not str:
+            raise ValueError(f"{what}.{k} must be a string")
     return value
 
 
 def _party(value: Any, what: str) -> Party:
-    d = _obj(value, what)
-    framework = d.get("framework", "")
-    if not isinstance(framework, str):
-        raise ValueError(f"{what}.framework must be a string")
-    return Party(validate_agent_id(_str(d, "agent_id")), framework)
+    d = _fields(value, what, _PARTY_KEYS)
+    return Party(validate_agent_id(d.get("agent_id", "")), d.get("framework", ""))
 
 
 def _trace(value: Any) -> TraceContext:
-    d = _obj(value, "trace")
-    state = d.get("tracestate") or ""
-    if not isinstance(state, str):
-        raise ValueError("trace.tracestate must be a string")
-    return TraceContext.parse(_str(d, "traceparent"), state)
+    d = _fields(value, "trace", _TRACE_KEYS)
+    return TraceContext.parse(d.get("traceparent", ""), d.get("tracestate", ""))
 
 
 def _error(value: Any) -> ErrorInfo | None:
     if value is None:
         return None
-    d = _obj(value, "error")
-    code = _str(d, "code")
-    if _CODE.fullmatch(code) is None:
+    if type(value) is not dict:
+        raise ValueError("error must be an object")
+    code, message = value.get("code"), value.get("message")
+    if type(code) is not str or _CODE.fullmatch(code) is None:
         raise ValueError(f"error.code {code!r} must match [a-z][a-z0-9_.]*")
-    return ErrorInfo(code, _str(d, "message"), d.get("data"))
+    if type(message) is not str:
+        raise ValueError("error.message must be a string")
+    return ErrorInfo(code, message, value.get("data"))
 
 
 def _signature(value: Any) -> Signature | None:
     if value is None:
         return None
-    d = _obj(value, "signature")
-    return Signature(_str(d, "alg"), _str(d, "kid"), _str(d, "sig"))
+    d = _fields(value, "signature", _SIG_KEYS)
+    if len(d) != 3:
+        raise ValueError("signature needs alg, kid and sig")
+    return Signature(d["alg"], d["kid"], d["sig"])

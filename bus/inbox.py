@@ -81,9 +81,11 @@ class Inbox:
             DeadlineExceeded: the deadline passed with no reply at all.
         """
         pending = self._pending[reply_subject]
+        loop = asyncio.get_running_loop()
+        # A timer on the future itself: asyncio.timeout() costs ~3 µs more per request.
+        timer = loop.call_at(loop.time() + timeout, _expire, pending.future)
         try:
-            async with asyncio.timeout(timeout):
-                return await pending.future
+            return await pending.future
         except TimeoutError:
             if pending.rejected:
                 last = pending.rejected[-1]
@@ -95,6 +97,7 @@ class Inbox:
                 ) from None
             raise DeadlineExceeded(pending.subject, timeout) from None
         finally:
+            timer.cancel()
             self._pending.pop(reply_subject, None)
 
     def forget(self, reply_subject: str) -> None:
@@ -132,6 +135,11 @@ class Inbox:
                 await sub.unsubscribe()
             except TransportError as exc:
                 log.debug("inbox unsubscribe: %s", exc)
+
+
+def _expire(future: asyncio.Future[Envelope]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _check_binding(reply: Envelope, request: Envelope) -> None:

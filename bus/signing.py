@@ -17,14 +17,12 @@ authentic envelopes ever enter the seen-ids store. Pure: time is passed in.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from .canonical import canonicalize
 from .envelope import (
     Envelope,
     ErrorInfo,
@@ -32,18 +30,15 @@ from .envelope import (
     Party,
     Signature,
     TraceContext,
+    canonical_bytes,
     decode,
 )
 from .errors import EnvelopeRejected
+from .ids import new_id
 from .keys import ALGORITHM, KeyPair, b64url_decode, b64url_encode
 from .trust import TrustStore
 
 __all__ = ["Sealer", "VerificationPolicy", "Verifier", "new_id"]
-
-
-def new_id() -> str:
-    """A fresh 128-bit message id: 32 lowercase hex characters."""
-    return os.urandom(16).hex()
 
 
 class Sealer:
@@ -102,14 +97,10 @@ class Sealer:
             error=error,
         )
         body = env.unsigned_dict()
-        sig = Signature(ALGORITHM, self._kid, b64url_encode(self._sign(canonicalize(body))))
+        sig = Signature(ALGORITHM, self._kid, b64url_encode(self._sign(canonical_bytes(body))))
         body["signature"] = sig.to_dict()
-        return _with_signature(env, sig), orjson.dumps(body)
-
-
-def _with_signature(env: Envelope, sig: Signature) -> Envelope:
-    object.__setattr__(env, "signature", sig)
-    return env
+        env.signature = sig
+        return env, orjson.dumps(body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +168,7 @@ class Verifier:
         except ValueError:
             raise EnvelopeRejected("bad_signature", "signature is not base64url") from None
         try:
-            canonical = canonicalize(unsigned)
+            canonical = canonical_bytes(unsigned)
         except (TypeError, ValueError) as exc:
             raise EnvelopeRejected("malformed", f"no canonical form: {exc}") from None
         if not key.verify(canonical, raw_sig):

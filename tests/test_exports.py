@@ -21,7 +21,7 @@ def test_all_is_exact(package: str) -> None:
         assert not name.startswith("_")
 
 
-PURE = ["canonical", "envelope", "errors", "keys", "signing", "subjects", "trust"]
+PURE = ["canonical", "envelope", "errors", "ids", "keys", "signing", "subjects", "trust"]
 IO_MODULES = {"asyncio", "socket", "subprocess", "nats", "os.path", "pathlib", "cryptography"}
 
 
