@@ -16,6 +16,7 @@ refused: they have no interoperable JSON form (RFC 8785 §3.2.2.3, I-JSON).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -49,27 +50,14 @@ def plain(value: Any) -> bool:
     """
     t = type(value)
     if t is dict:
-        for k, v in value.items():
+        for k in value:
             if type(k) is not str:
                 raise TypeError(f"object keys must be str, not {type(k).__name__}")
             if not k.isascii():
                 return False
-            tv = type(v)
-            if tv is str or tv is bool or v is None:
-                continue
-            if (tv is dict or tv is list or tv is int) and plain(v):
-                continue
-            return _leaf(v)
-        return True
+        return _plain_items(value.values())
     if t is list or t is tuple:
-        for v in value:
-            tv = type(v)
-            if tv is str or tv is bool or v is None:
-                continue
-            if (tv is dict or tv is list or tv is int) and plain(v):
-                continue
-            return _leaf(v)
-        return True
+        return _plain_items(value)
     if t is str or t is bool or value is None:
         return True
     if t is int:
@@ -77,6 +65,17 @@ def plain(value: Any) -> bool:
             return True
         raise ValueError(f"integer {value} is outside the IEEE-754 safe range")
     return _leaf(value)
+
+
+def _plain_items(items: Iterable[Any]) -> bool:
+    for v in items:
+        tv = type(v)
+        if tv is str or tv is bool or v is None:
+            continue  # the common leaves, without a call
+        if (tv is dict or tv is list or tv is int) and plain(v):
+            continue
+        return _leaf(v)
+    return True
 
 
 def _leaf(value: Any) -> bool:
