@@ -21,6 +21,7 @@ exception becomes a ``handler_error`` reply. Never block the event loop.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -134,7 +135,13 @@ class Agent:
             await self.stop()
 
     def run(self, url: str | None = None, **bus_options: Any) -> None:
-        """Blocking entry point for scripts: :meth:`serve_forever` in a new event loop."""
+        """Blocking entry point for scripts: :meth:`serve_forever` in a new event loop.
+
+        As the composition root of an agent script it reads ``INTENTBUS_NATS_URL`` (when
+        ``url`` is None) and ``INTENTBUS_NATS_SERVER`` (the binary to embed).
+        """
+        url = url or os.environ.get("INTENTBUS_NATS_URL") or None
+        bus_options.setdefault("nats_server", os.environ.get("INTENTBUS_NATS_SERVER") or None)
         asyncio.run(self.serve_forever(url, **bus_options))
 
 

