@@ -30,6 +30,7 @@ from bus import Bus, KeyPair, PublicKey, TrustStore, UsageError
 from bus.receive import Handler
 from bus.subjects import validate_agent_id, validate_intent
 from bus.transport.base import Transport
+from registry import DEFAULT_TTL, Registry
 
 __all__ = ["Agent"]
 
@@ -44,6 +45,12 @@ class Agent:
         key: signing key; a fresh one is generated when None.
         trust: public keys (or a shared TrustStore) whose envelopes are accepted.
         framework: the ``sender.framework`` of this agent's envelopes.
+        registry: register in the fleet registry (with heartbeats) and attach it to
+            the bus, so ``selector=`` requests work; False for a registry-less agent.
+        operators: operator keys whose endorsements make other agents' keys trusted.
+        endorsement: this agent's endorsement by an operator (see ``registry.endorse``).
+        ttl: registry liveness bound, seconds (heartbeats every ttl/3).
+        card: the A2A agent card published in the registry (default: from the intents).
     """
 
     def __init__(
@@ -54,6 +61,11 @@ class Agent:
         key: KeyPair | None = None,
         trust: TrustStore | Iterable[PublicKey] = (),
         framework: str = "intentbus",
+        registry: bool = True,
+        operators: Iterable[PublicKey] = (),
+        endorsement: dict[str, str] | None = None,
+        ttl: float = DEFAULT_TTL,
+        card: dict[str, Any] | None = None,
     ) -> None:
         self.agent_id = validate_agent_id(agent_id)
         self.labels = dict(labels or {})
@@ -62,8 +74,11 @@ class Agent:
         self.key = key or KeyPair.generate(agent_id)
         self.trust = trust if isinstance(trust, TrustStore) else TrustStore(trust)
         self.framework = framework
+        self.use_registry, self.operators = registry, list(operators)
+        self.endorsement, self.ttl, self.card = endorsement, ttl, card
         self._handlers: dict[str, tuple[Handler, str | None]] = {}
         self._bus: Bus | None = None
+        self.registry: Registry | None = None
 
     @property
     def public_key(self) -> PublicKey:
@@ -111,17 +126,32 @@ class Agent:
             framework=self.framework,
             **bus_options,
         )
+        self._bus = bus
         try:
             for intent, (fn, queue) in self._handlers.items():
                 await bus.handle(intent, fn, queue=queue)
+            if self.use_registry:
+                await self._register(bus)
         except BaseException:
-            await bus.close()
+            await self.stop()
             raise
-        self._bus = bus
         return bus
 
+    async def _register(self, bus: Bus) -> None:
+        self.registry = await Registry.open(
+            bus.transport, trust=self.trust, operators=self.operators
+        )
+        bus.directory = self.registry
+        await self.registry.register(
+            self.key, self.intents, self.labels, ttl=self.ttl, card=self.card,
+            endorsement=self.endorsement, version=self.framework,
+        )  # fmt: skip
+
     async def stop(self) -> None:
-        """Drain and disconnect (idempotent)."""
+        """Deregister, drain and disconnect, in that order (idempotent)."""
+        registry, self.registry = self.registry, None
+        if registry is not None:
+            await registry.close()
         bus, self._bus = self._bus, None
         if bus is not None:
             await bus.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from bus.keyfile import public_key_json
 from bus.subjects import validate_agent_id, validate_intent
 
 from .agent import wait_for_signal
+from .cli_agents import add_agents_parser, run_agents
 from .demo import build_demo_agents, run_scenario
 
 __all__ = ["main"]
@@ -50,6 +52,7 @@ def _say(line: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="intentbus", description="Signed, intent-routed agent bus.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the bus does")
     sub = p.add_subparsers(dest="command", required=True)
     keys = sub.add_parser("keys", help="key pairs").add_subparsers(dest="keys_cmd", required=True)
     new = keys.add_parser("new", help="write ID.key (0600) and ID.pub")
@@ -72,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     req.add_argument("--agent", help="address this agent instead of any executor")
     req.add_argument("--trust", action="append", default=[], help="keys whose replies to accept")
 
+    add_agents_parser(sub, nats_default)
+
     demo = sub.add_parser("demo", help="run the demo ensemble once and print every hop")
     demo.add_argument("--nats", default=nats_default, help="NATS URL; embedded server when omitted")
     return p
@@ -80,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``intentbus`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.ERROR,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         if args.command == "keys":
             return _keys_new(args)
@@ -191,4 +200,14 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS: dict[str, Any] = {"up": _up, "request": _request, "demo": _demo}
+async def _agents(args: argparse.Namespace) -> int:
+    try:
+        return await run_agents(args, _trusted)
+    except BusError as exc:
+        if isinstance(exc, UsageError):
+            raise
+        print(f"intentbus: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+_COMMANDS: dict[str, Any] = {"up": _up, "request": _request, "demo": _demo, "agents": _agents}

@@ -15,6 +15,7 @@ from typing import Any
 from bus import (
     Context,
     HandlerError,
+    NoExecutorError,
     NoRespondersError,
     PublicKey,
     RemoteError,
@@ -88,13 +89,28 @@ async def run_scenario(planner: Agent, say: Say) -> None:
         f"trace={reply.trace.trace_id[:8]}"
     )
 
-    say("3. a handler's own error code comes back as a typed exception")
+    say("3. registry: look executors up by label, then request by selector (no URL, no name)")
+    assert planner.registry is not None
+    found = planner.registry.lookup("task.execute", "framework=hermes,env=demo")
+    say(
+        f"  [planner] task.execute where framework=hermes,env=demo -> {[r.agent_id for r in found]}"
+    )
+    reply = await bus.request(
+        "task.execute", {"q": "ed25519"}, selector="framework=hermes,env=demo", timeout=5
+    )
+    say(f"  [planner] <- {reply.payload['answer']!r} from {reply.sender.agent_id}")
+    try:
+        await bus.request("task.execute", {"q": "nats"}, selector="env=prod", timeout=5)
+    except NoExecutorError as exc:
+        say(f"  [planner] <- {type(exc).__name__}: {exc}")
+
+    say("4. a handler's own error code comes back as a typed exception")
     try:
         await bus.request("task.execute", {"q": "quantum"}, timeout=5)
     except RemoteError as exc:
         say(f"  [planner] <- {type(exc).__name__} code={exc.code}: {exc.detail}")
 
-    say("4. a tampered envelope is refused before any handler runs")
+    say("5. a tampered envelope is refused before any handler runs")
     _, body = Sealer(planner.key).seal(
         kind="request",
         intent="demo.echo",
@@ -122,7 +138,7 @@ async def run_scenario(planner: Agent, say: Say) -> None:
     if refusal is not None and refusal.error is not None:
         say(f"  [executor-1] refused it: {refusal.error.code} ({refusal.error.message})")
 
-    say("5. nobody serves demo.missing: no-responders, not a timeout")
+    say("6. nobody serves demo.missing: no-responders, not a timeout")
     try:
         await bus.request("demo.missing", {}, timeout=5)
     except NoRespondersError as exc:

@@ -15,6 +15,7 @@ Map of the package, bottom to top (arrows point down only):
 from .bus import Bus, BusState, ReplayMode
 from .canonical import canonicalize
 from .context import Context, HandlerError
+from .directory import Directory
 from .envelope import Envelope, ErrorInfo, Party, TraceContext
 from .errors import (
     BusClosedError,
@@ -24,6 +25,8 @@ from .errors import (
     HandlerFailed,
     InvalidIntentError,
     InvalidKeyError,
+    InvalidSelectorError,
+    NoExecutorError,
     NoHandlerError,
     NoRespondersError,
     RemoteError,
@@ -47,6 +50,7 @@ __all__ = [
     "BusState",
     "Context",
     "DeadlineExceeded",
+    "Directory",
     "EmbeddedServer",
     "Envelope",
     "EnvelopeRejected",
@@ -55,7 +59,9 @@ __all__ = [
     "HandlerFailed",
     "InvalidIntentError",
     "InvalidKeyError",
+    "InvalidSelectorError",
     "KeyPair",
+    "NoExecutorError",
     "NoHandlerError",
     "NoRespondersError",
     "Party",

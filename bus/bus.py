@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from .context import Context, new_trace, require_parent
+from .directory import Directory
 from .envelope import Envelope, Party
 from .errors import BusClosedError, DeadlineExceeded, UsageError, remote_error
 from .inbox import Inbox
@@ -61,6 +62,7 @@ class Bus:
         concurrency: handlers running at once.
         default_timeout: seconds a request waits when no timeout or deadline is given.
         clock: wall clock in seconds (inject in tests).
+        directory: who serves what (a registry); needed for ``selector=`` requests.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Bus:
         concurrency: int = 64,
         default_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        directory: Directory | None = None,
     ) -> None:
         if replay not in ("shared", "local"):
             raise UsageError(f"replay must be 'shared' or 'local', not {replay!r}")
@@ -88,6 +91,7 @@ class Bus:
         self.policy = policy or VerificationPolicy()
         self.replay_mode: ReplayMode = replay
         self.default_timeout = default_timeout
+        self.directory = directory
         self._clock = clock
         self._sealer = Sealer(key, framework)
         self._verifier = Verifier(self.trust, self.agent_id, self.policy)
@@ -238,6 +242,7 @@ class Bus:
         timeout: float | None = None,
         deadline_ms: int | None = None,
         agent: str | None = None,
+        selector: str | None = None,
         parent: Envelope | None = None,
     ) -> Envelope:
         """Send a signed request and return the verified reply envelope.
@@ -248,13 +253,18 @@ class Bus:
             timeout: seconds to wait (default :attr:`default_timeout`).
             deadline_ms: absolute deadline, Unix ms; the earlier of the two wins.
             agent: address this one agent instead of any executor.
+            selector: a label selector (``env=prod,framework=hermes``); the directory
+                picks one matching live executor, which is then addressed directly.
             parent: the envelope this request continues; defaults to the one being
                 handled, whose correlation id, trace and deadline are inherited.
 
         Raises:
-            NoRespondersError, DeadlineExceeded, ReplyRejected, RemoteError subclasses.
+            NoRespondersError, DeadlineExceeded, ReplyRejected, RemoteError subclasses;
+            NoExecutorError when no registered executor matches ``selector``.
         """
         self._check_open()
+        if selector is not None:
+            agent = self._pick(intent, selector, agent)
         parent = require_parent(parent)
         now = self.now_ms()
         expires = now + int((self.default_timeout if timeout is None else timeout) * 1000)
@@ -296,6 +306,13 @@ class Bus:
                 correlation_id=reply.correlation_id,
             )
         return reply
+
+    def _pick(self, intent: str, selector: str, agent: str | None) -> str:
+        if agent is not None:
+            raise UsageError("give agent= or selector=, not both")
+        if self.directory is None:
+            raise UsageError("selector= needs a directory: attach a registry to bus.directory")
+        return self.directory.pick_agent(validate_intent(intent), selector)
 
     async def publish(
         self, intent: str, payload: Any, *, ttl: float = 60.0, parent: Envelope | None = None

@@ -77,10 +77,11 @@ class Context:
         *,
         timeout: float | None = None,
         agent: str | None = None,
+        selector: str | None = None,
     ) -> Envelope:
         """:meth:`Bus.request` within this conversation (see the module docstring)."""
         return await self.bus.request(
-            intent, payload, timeout=timeout, agent=agent, parent=self.envelope
+            intent, payload, timeout=timeout, agent=agent, selector=selector, parent=self.envelope
         )
 
     async def publish(self, intent: str, payload: Any) -> Envelope:

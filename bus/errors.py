@@ -6,6 +6,7 @@
     ├── UsageError                 you: a bad argument or a call in the wrong state
     │   ├── InvalidIntentError     an intent outside the grammar (also ValueError)
     │   ├── InvalidKeyError        a key or key file that cannot be used (also ValueError)
+    │   ├── InvalidSelectorError   a label selector outside the grammar (also ValueError)
     │   └── BusClosedError         the bus was closed; it cannot be reopened
     ├── TransportError             the link: the NATS connection broke or refused
     │   └── ServerStartError       the embedded nats-server is missing or did not start
@@ -16,6 +17,7 @@
     │   ├── NoHandlerError         the remote serves no handler for that intent
     │   └── HandlerFailed          the remote handler raised, or returned an application error
     ├── NoRespondersError          nobody is subscribed to that intent or agent right now
+    ├── NoExecutorError            the registry knows no live executor matching intent+selector
     └── DeadlineExceeded           the deadline passed before a reply (also TimeoutError)
 
 Errors carry structured fields (``code``, ``subject``, ``sender``...) rather than
@@ -37,6 +39,8 @@ __all__ = [
     "HandlerFailed",
     "InvalidIntentError",
     "InvalidKeyError",
+    "InvalidSelectorError",
+    "NoExecutorError",
     "NoHandlerError",
     "NoRespondersError",
     "RemoteError",
@@ -88,6 +92,16 @@ class InvalidIntentError(UsageError, ValueError):
 
 class InvalidKeyError(UsageError, ValueError):
     """A key, public key string or key file cannot be used."""
+
+
+class InvalidSelectorError(UsageError, ValueError):
+    """A label selector cannot be parsed; ``position`` is the offending character."""
+
+    def __init__(self, message: str, *, selector: str, position: int) -> None:
+        pointer = f"\n  {selector}\n  {' ' * position}^"
+        super().__init__(f"{message} at position {position}{pointer}")
+        self.selector = selector
+        self.position = position
 
 
 class BusClosedError(UsageError):
@@ -158,6 +172,16 @@ class NoRespondersError(BusError):
     def __init__(self, subject: str) -> None:
         super().__init__(f"no responders on {subject!r}")
         self.subject = subject
+
+
+class NoExecutorError(BusError):
+    """No live, trusted executor of ``intent`` matches ``selector`` (not a timeout)."""
+
+    def __init__(self, intent: str, selector: str) -> None:
+        where = f" matching {selector!r}" if selector else ""
+        super().__init__(f"no executor of {intent!r}{where} is registered and alive")
+        self.intent = intent
+        self.selector = selector
 
 
 class DeadlineExceeded(BusError, TimeoutError):

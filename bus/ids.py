@@ -1,16 +1,13 @@
 """Identifiers: message ids, trace ids and span ids, cheap enough for the hot path.
 
-* message ids are a per-process random prefix (80 bits) plus a counter: unique without
-  a system call per message (``os.urandom`` costs a syscall each time);
-* trace and span ids are random (W3C Trace Context asks for randomness), drawn from a
-  per-process generator seeded from the OS.
-
-Both are re-seeded in a child after ``fork``, so forked workers never share ids.
+All are 128 or 64 random bits from a per-process generator seeded from the OS (an
+``os.urandom`` call per id costs a system call each time). Ids need uniqueness, not
+secrecy: envelopes are signed, and replay keys include the sender. The generator is
+re-seeded in a child after ``fork``, so forked workers never share ids.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 from collections.abc import Callable
@@ -19,22 +16,18 @@ __all__ = ["new_id", "new_span_id", "new_trace_id"]
 
 
 def _reseed() -> None:
-    global _prefix, _counter, _rand
-    _prefix = os.urandom(10).hex()
-    _counter = itertools.count(1)
+    global _rand
     _rand = random.Random(os.urandom(32)).getrandbits
 
 
-_prefix: str
-_counter: itertools.count[int]
 _rand: Callable[[int], int]
 _reseed()
 os.register_at_fork(after_in_child=_reseed)
 
 
 def new_id() -> str:
-    """A fresh message id: 32 lowercase hex characters, unique per process and fork."""
-    return f"{_prefix}{next(_counter):012x}"
+    """A fresh message id: 32 lowercase hex characters (128 random bits)."""
+    return f"{_rand(128):032x}"
 
 
 def new_trace_id() -> str:

@@ -7,10 +7,22 @@ and an in-memory twin (:mod:`bus.transport.memory`) implement them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
-__all__ = ["KeyValue", "Msg", "MsgHandler", "Subscription", "Transport", "is_no_responders"]
+__all__ = [
+    "KVEvent",
+    "KeyValue",
+    "KeyWatch",
+    "Msg",
+    "MsgHandler",
+    "Subscription",
+    "Transport",
+    "is_no_responders",
+]
+
+Storage = Literal["memory", "file"]
 
 
 class Msg(Protocol):
@@ -43,8 +55,34 @@ class Subscription(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    """A change seen by a watch: ``value`` None means deleted, purged or expired."""
+
+    key: str
+    value: bytes | None
+    revision: int
+
+
+class KeyWatch(Protocol):
+    """Current values first, then ``None`` once (caught up), then every change."""
+
+    def __aiter__(self) -> AsyncIterator[KVEvent | None]: ...
+
+    async def __anext__(self) -> KVEvent | None: ...
+
+    async def stop(self) -> None:
+        """End the iteration."""
+        ...
+
+
 class KeyValue(Protocol):
-    """A key/value bucket with a bucket-wide TTL (JetStream KV, or its in-memory twin)."""
+    """A key/value bucket (JetStream KV, or its in-memory twin).
+
+    A bucket TTL expires every key that long after its last write; a per-key ``ttl``
+    on :meth:`put` does the same for one write, and watchers see the expiry as a
+    deletion.
+    """
 
     async def create(self, key: str, value: bytes) -> bool:
         """Store ``value`` only if ``key`` is absent; False when it exists (atomic)."""
@@ -54,8 +92,12 @@ class KeyValue(Protocol):
         """The current value, or None when absent or expired."""
         ...
 
-    async def put(self, key: str, value: bytes) -> None:
-        """Store ``value`` unconditionally."""
+    async def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
+        """Store ``value`` unconditionally; with ``ttl`` it expires that many seconds later."""
+        ...
+
+    async def watch(self) -> KeyWatch:
+        """Watch every key of the bucket."""
         ...
 
     async def delete(self, key: str) -> None:
@@ -102,8 +144,28 @@ class Transport(Protocol):
         """
         ...
 
-    async def key_value(self, bucket: str, *, ttl: float) -> KeyValue:
-        """Open the bucket, creating it (in memory storage) when missing."""
+    async def key_value(
+        self,
+        bucket: str,
+        *,
+        ttl: float = 0,
+        storage: Storage = "memory",
+        replicas: int = 1,
+        expiry_events: bool = False,
+    ) -> KeyValue:
+        """Open the bucket, creating it when missing.
+
+        Args:
+            ttl: bucket-wide expiry after each key's last write; 0 for none.
+            storage: ``memory`` or ``file`` (survives a server restart).
+            replicas: copies in a cluster (3 survives the loss of one node).
+            expiry_events: watchers see per-key TTL expiries as deletions (the server
+                places a delete marker); costs one marker message per expiry.
+        """
+        ...
+
+    def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Call ``callback`` after the connection is re-established (watches resync)."""
         ...
 
     async def flush(self, timeout: float = 5.0) -> None:

@@ -14,11 +14,11 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import TransportError
-from .base import KeyValue, MsgHandler, Subscription
+from .base import KeyValue, KeyWatch, KVEvent, MsgHandler, Storage, Subscription
 
 __all__ = ["MemoryBroker", "MemoryMsg", "MemoryTransport", "subject_matches"]
 
@@ -65,32 +65,97 @@ class _MemorySub:
             await self.task
 
 
+class _MemoryWatch:
+    def __init__(self, kv: _MemoryKV) -> None:
+        self._kv = kv
+        self.queue: asyncio.Queue[KVEvent | _Stop | None] = asyncio.Queue()
+
+    def __aiter__(self) -> _MemoryWatch:
+        return self
+
+    async def __anext__(self) -> KVEvent | None:
+        item = await self.queue.get()
+        if isinstance(item, _Stop):
+            raise StopAsyncIteration
+        return item
+
+    async def stop(self) -> None:
+        self._kv.watchers.discard(self)
+        self.queue.put_nowait(_Stop())
+
+
+class _Stop:
+    pass
+
+
 class _MemoryKV:
+    """Values with write time, revision and optional per-key expiry; watchers notified."""
+
     def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
         self._ttl, self._clock = ttl, clock
-        self._data: dict[str, tuple[float, bytes]] = {}
+        self._data: dict[str, tuple[float, bytes, int, float | None]] = {}
+        self._rev = itertools.count(1)
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.watchers: set[_MemoryWatch] = set()
 
     def _live(self, key: str) -> bytes | None:
         item = self._data.get(key)
-        if item is None or (self._ttl and item[0] + self._ttl <= self._clock()):
-            self._data.pop(key, None)
+        if item is None:
             return None
-        return item[1]
+        written, value, _, expires = item
+        now = self._clock()
+        if (self._ttl and written + self._ttl <= now) or (expires is not None and expires <= now):
+            self._remove(key)
+            return None
+        return value
+
+    def _remove(self, key: str) -> None:
+        if self._data.pop(key, None) is not None:
+            self._notify(KVEvent(key, None, next(self._rev)))
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _notify(self, event: KVEvent) -> None:
+        for watcher in self.watchers:
+            watcher.queue.put_nowait(event)
+
+    def _store(self, key: str, value: bytes, ttl: float | None) -> None:
+        now = self._clock()
+        rev = next(self._rev)
+        self._data[key] = (now, value, rev, None if ttl is None else now + ttl)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if ttl is not None:
+            # the real server places a delete marker when a per-key TTL lapses
+            self._timers[key] = asyncio.get_running_loop().call_later(ttl, self._live, key)
+        self._notify(KVEvent(key, value, rev))
 
     async def create(self, key: str, value: bytes) -> bool:
         if self._live(key) is not None:
             return False
-        self._data[key] = (self._clock(), value)
+        self._store(key, value, None)
         return True
 
     async def get(self, key: str) -> bytes | None:
         return self._live(key)
 
-    async def put(self, key: str, value: bytes) -> None:
-        self._data[key] = (self._clock(), value)
+    async def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
+        self._store(key, value, ttl)
 
     async def delete(self, key: str) -> None:
-        self._data.pop(key, None)
+        self._remove(key)
+
+    async def watch(self) -> KeyWatch:
+        watcher = _MemoryWatch(self)
+        for key in list(self._data):
+            value = self._live(key)
+            if value is not None:
+                watcher.queue.put_nowait(KVEvent(key, value, self._data[key][2]))
+        watcher.queue.put_nowait(None)
+        self.watchers.add(watcher)
+        return watcher
 
 
 class MemoryBroker:
@@ -167,9 +232,20 @@ class MemoryTransport:
         self._subs.append(sub)
         return sub
 
-    async def key_value(self, bucket: str, *, ttl: float) -> KeyValue:
+    async def key_value(
+        self,
+        bucket: str,
+        *,
+        ttl: float = 0,
+        storage: Storage = "memory",
+        replicas: int = 1,
+        expiry_events: bool = False,
+    ) -> KeyValue:
         self._check_open()
         return self.broker.buckets.setdefault(bucket, _MemoryKV(ttl, self.broker.clock))
+
+    def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """An in-memory connection never drops; nothing to register."""
 
     async def flush(self, timeout: float = 5.0) -> None:
         self._check_open()

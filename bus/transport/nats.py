@@ -6,8 +6,9 @@ move to the newer nats-core client is a change to this one file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import nats
@@ -17,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, StorageType
 
 from ..errors import TransportError
-from .base import KeyValue, MsgHandler, Subscription
+from .base import KeyValue, KeyWatch, KVEvent, MsgHandler, Storage, Subscription
 
 __all__ = ["NatsTransport", "connect"]
 
@@ -25,6 +26,8 @@ log = logging.getLogger("intentbus.transport")
 
 #: Per-subscription buffer before nats-py reports a slow consumer and drops.
 PENDING_MSGS = 65_536
+#: How long the server keeps the delete marker it places when a key's TTL lapses.
+MARKER_TTL = 60.0
 
 
 async def connect(url: str, *, name: str = "intentbus", reconnect: bool = True) -> NatsTransport:
@@ -42,6 +45,12 @@ async def connect(url: str, *, name: str = "intentbus", reconnect: bool = True) 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error on %s: %s", url, exc)
 
+    transport: NatsTransport | None = None
+
+    async def on_reconnect() -> None:
+        if transport is not None:
+            await transport._reconnected()
+
     try:
         nc = await nats.connect(
             servers=url.split(","),
@@ -51,15 +60,38 @@ async def connect(url: str, *, name: str = "intentbus", reconnect: bool = True) 
             reconnect_time_wait=0.5,
             connect_timeout=5,
             error_cb=on_error,
+            reconnected_cb=on_reconnect,
         )
     except (OSError, nats.errors.Error) as exc:
         raise TransportError(f"cannot connect to NATS at {url}: {exc}") from exc
-    return NatsTransport(nc, url)
+    transport = NatsTransport(nc, url)
+    return transport
+
+
+class _Watch:
+    def __init__(self, watcher: Any) -> None:
+        self._watcher = watcher
+
+    def __aiter__(self) -> _Watch:
+        return self
+
+    async def __anext__(self) -> KVEvent | None:
+        entry = await self._watcher.__anext__()
+        if entry is None:
+            return None
+        deleted = entry.operation in ("DEL", "PURGE")
+        return KVEvent(entry.key, None if deleted else entry.value, entry.revision)
+
+    async def stop(self) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._watcher.stop()
 
 
 class _Bucket:
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: Any, js: Any, bucket: str) -> None:
         self._kv = kv
+        self._js = js
+        self._prefix = f"$KV.{bucket}."
 
     async def create(self, key: str, value: bytes) -> bool:
         try:
@@ -78,11 +110,26 @@ class _Bucket:
         value: bytes | None = entry.value
         return value
 
-    async def put(self, key: str, value: bytes) -> None:
-        await self._kv.put(key, value)
+    async def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
+        try:
+            if ttl is None:
+                await self._kv.put(key, value)
+            else:  # a per-message TTL; the server places a delete marker when it lapses
+                await self._js.publish(self._prefix + key, value, msg_ttl=ttl)
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv put {key!r}: {exc}") from exc
 
     async def delete(self, key: str) -> None:
-        await self._kv.delete(key)
+        try:
+            await self._kv.delete(key)
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv delete {key!r}: {exc}") from exc
+
+    async def watch(self) -> KeyWatch:
+        try:
+            return _Watch(await self._kv.watchall())
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv watch: {exc}") from exc
 
 
 class _Sub:
@@ -103,6 +150,7 @@ class NatsTransport:
         self.nc = nc
         self._url = url
         self._js = nc.jetstream()
+        self._reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     @property
     def url(self) -> str:
@@ -139,17 +187,42 @@ class NatsTransport:
             raise TransportError(f"subscribe to {subject!r}: {exc}") from exc
         return _Sub(sub)
 
-    async def key_value(self, bucket: str, *, ttl: float) -> KeyValue:
+    async def key_value(
+        self,
+        bucket: str,
+        *,
+        ttl: float = 0,
+        storage: Storage = "memory",
+        replicas: int = 1,
+        expiry_events: bool = False,
+    ) -> KeyValue:
+        config = KeyValueConfig(
+            bucket=bucket,
+            ttl=ttl or None,
+            history=1,
+            replicas=replicas,
+            storage=StorageType.MEMORY if storage == "memory" else StorageType.FILE,
+            limit_marker_ttl=MARKER_TTL if expiry_events else None,
+        )
         try:
             try:
                 kv = await self._js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
-                kv = await self._js.create_key_value(
-                    KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=StorageType.MEMORY)
-                )
+                kv = await self._js.create_key_value(config)
         except nats.errors.Error as exc:
             raise TransportError(f"key-value bucket {bucket!r}: {exc}") from exc
-        return _Bucket(kv)
+        return _Bucket(kv, self._js, bucket)
+
+    def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
+        self._reconnect_callbacks.append(callback)
+
+    async def _reconnected(self) -> None:
+        log.info("reconnected to %s", self.nc.connected_url)
+        for callback in list(self._reconnect_callbacks):
+            try:
+                await callback()
+            except Exception:
+                log.exception("reconnect callback failed")
 
     async def flush(self, timeout: float = 5.0) -> None:
         try:
