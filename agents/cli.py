@@ -34,6 +34,7 @@ from bus import (
 )
 from bus.keyfile import public_key_json
 from bus.subjects import validate_agent_id, validate_intent
+from registry import Registry, parse_selector
 
 from .agent import wait_for_signal
 from .cli_agents import add_agents_parser, run_agents
@@ -73,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     req.add_argument("--nats", default=nats_default or "nats://127.0.0.1:4222")
     req.add_argument("--timeout", type=float, default=30.0)
     req.add_argument("--agent", help="address this agent instead of any executor")
+    req.add_argument("-l", "--selector", help="pick a registered executor by labels")
     req.add_argument("--trust", action="append", default=[], help="keys whose replies to accept")
 
     add_agents_parser(sub, nats_default)
@@ -171,9 +173,23 @@ async def _request(args: argparse.Namespace) -> int:
     validate_intent(args.intent)
     key = load_key(args.key)
     trust = _trusted(args.trust)
+    if args.selector is not None:
+        parse_selector(args.selector)  # bad input: exit 2 before connecting
     try:
         async with await Bus.connect(args.nats, key=key, trust=trust) as bus:
-            reply = await bus.request(args.intent, payload, timeout=args.timeout, agent=args.agent)
+            if args.selector is not None:
+                bus.directory = await Registry.open(bus.transport, trust=bus.trust)
+            try:
+                reply = await bus.request(
+                    args.intent,
+                    payload,
+                    timeout=args.timeout,
+                    agent=args.agent,
+                    selector=args.selector,
+                )
+            finally:
+                if isinstance(bus.directory, Registry):
+                    await bus.directory.close()
     except RemoteError as exc:
         print(f"error {exc.code}: {exc.detail}", file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ import asyncio
 
 from bus import EmbeddedServer
 
+from . import registry as registry_bench
 from .crypto import crypto_costs, envelope_canonical_bytes
 from .roundtrip import Result, bus_rr, faststream_rr, raw_nats
 
@@ -34,6 +35,7 @@ async def _run(n_seq: int, n_par: int) -> None:
         results += await faststream_rr(server.url, n_seq, n_par)
         for replay in ("local", "shared"):
             results += await bus_rr(server.url, replay, n_seq, n_par)
+        registry_figures = await registry_bench.run(server.url)
     print()
     _table(results)
     by = {(r.name, r.mode): r for r in results}
@@ -53,6 +55,7 @@ async def _run(n_seq: int, n_par: int) -> None:
     fs = by.get(("FastStream", par))
     if fs:
         print(f"  FastStream {fs.cpu_us:.1f} µs/rt = {fs.cpu_us / raw:.2f} x raw nats-py")
+    registry_bench.report(registry_figures)
 
 
 def main() -> None:

@@ -1,15 +1,18 @@
 """In-memory index of agent records: look-up by intent and label selector. Pure.
 
-Look-ups are memoised per ``(intent, selector)`` and the memo is cleared only when the
-*membership* changes (a record added or removed, or its intents, labels or key
-changed). A heartbeat refreshes the stored record in place, so the memo stays valid
-and a repeated look-up is a dictionary hit.
+Look-ups are memoised per ``(intent, selector)``. A membership change (a record added
+or removed, or its intents, labels or key changed) updates every memoised result it
+concerns in place (a sorted insert or delete), instead of clearing them, so a fleet
+with churn still answers repeated look-ups from memory. A heartbeat refreshes the
+stored record in place and touches no result.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from bus.errors import NoExecutorError
 
@@ -17,6 +20,19 @@ from .record import AgentRecord
 from .selector import Selector, parse_selector
 
 __all__ = ["Index"]
+
+MEMO_LIMIT = 512
+
+
+def _by_id(record: AgentRecord) -> str:
+    return record.agent_id
+
+
+@dataclass(slots=True)
+class _Result:
+    selector: Selector
+    members: list[AgentRecord]  # sorted by agent id
+    frozen: tuple[AgentRecord, ...] | None = None
 
 
 class Index:
@@ -26,7 +42,7 @@ class Index:
         self.records: dict[str, AgentRecord] = {}
         self._by_intent: dict[str, set[str]] = {}
         self._by_label: dict[tuple[str, str], set[str]] = {}
-        self._memo: dict[tuple[str, str], tuple[AgentRecord, ...]] = {}
+        self._memo: dict[tuple[str, str], _Result] = {}
         self._turns: dict[tuple[str, str], itertools.count[int]] = {}
         self._last_used: dict[str, int] = {}
         self._uses = itertools.count(1)
@@ -53,7 +69,11 @@ class Index:
             self._by_intent.setdefault(intent, set()).add(record.agent_id)
         for pair in record.labels.items():
             self._by_label.setdefault(pair, set()).add(record.agent_id)
-        self._changed()
+        for (intent, _), result in self._memo.items():
+            if intent in record.intents and result.selector.matches(record.labels):
+                bisect.insort(result.members, record, key=_by_id)
+                result.frozen = None
+        self.generation += 1
 
     def remove(self, agent_id: str) -> AgentRecord | None:
         """Drop ``agent_id``; returns the removed record."""
@@ -65,12 +85,18 @@ class Index:
         for pair in record.labels.items():
             _discard(self._by_label, pair, agent_id)
         self._last_used.pop(agent_id, None)
-        self._changed()
+        for (intent, _), result in self._memo.items():
+            if intent in record.intents and result.selector.matches(record.labels):
+                i = bisect.bisect_left(result.members, agent_id, key=_by_id)
+                if i < len(result.members) and result.members[i].agent_id == agent_id:
+                    del result.members[i]
+                    result.frozen = None
+        self.generation += 1
         return record
 
-    def _changed(self) -> None:
+    def forget_results(self) -> None:
+        """Drop every memoised result (the next look-ups recompute them)."""
         self._memo.clear()
-        self.generation += 1
 
     def lookup(self, intent: str, selector: str | Selector = "") -> tuple[AgentRecord, ...]:
         """Live records serving ``intent`` whose labels match ``selector`` (sorted by id).
@@ -79,21 +105,23 @@ class Index:
             InvalidSelectorError: ``selector`` does not parse.
         """
         sel = selector if isinstance(selector, Selector) else parse_selector(selector)
-        key = (intent, sel.text)
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = self._compute(intent, sel)
-        return found
+        result = self._memo.get((intent, sel.text))
+        if result is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            result = self._memo[(intent, sel.text)] = _Result(sel, self._compute(intent, sel))
+        if result.frozen is None:
+            result.frozen = tuple(result.members)
+        return result.frozen
 
-    def _compute(self, intent: str, sel: Selector) -> tuple[AgentRecord, ...]:
+    def _compute(self, intent: str, sel: Selector) -> list[AgentRecord]:
         ids = self._by_intent.get(intent, set())
         for pair in sel.equalities():  # narrow with the index before filtering
             ids = ids & self._by_label.get(pair, set())
             if not ids:
-                return ()
+                return []
         records = self.records
-        matched = (records[i] for i in ids if sel.matches(records[i].labels))
-        return tuple(sorted(matched, key=lambda r: r.agent_id))
+        return sorted((records[i] for i in ids if sel.matches(records[i].labels)), key=_by_id)
 
     def pick(self, intent: str, selector: str = "", policy: str = "round_robin") -> AgentRecord:
         """One executor for a request: ``round_robin`` over the matches, or ``lru``

@@ -77,6 +77,36 @@ def test_up_then_request_then_clean_shutdown(fleet: dict[str, Any]) -> None:
     chained = run("request", "task.execute", '{"q": "nats"}', *common)
     assert json.loads(chained.stdout)["answer"] == "a subject-based messaging system"
 
+    by_label = run("request", "task.execute", '{"q": "ed25519"}', "-l", "framework=hermes", *common)
+    assert by_label.returncode == 0, by_label.stderr
+    assert json.loads(by_label.stdout)["by"] == "executor-1"
+    nobody = run("request", "task.execute", "{}", "-l", "env=prod", *common)
+    assert nobody.returncode == 1 and "NoExecutorError" in nobody.stderr
+    bad_sel = run("request", "task.execute", "{}", "-l", "env in (x", *common)
+    assert bad_sel.returncode == 2 and "position 9" in bad_sel.stderr
+
+    listed = run("agents", "ls", "--nats", url, "--json", "--trust", fleet["trust"])
+    rows = {r["agent_id"]: r for r in json.loads(listed.stdout)}
+    assert set(rows) == {"planner", "executor-1", "facts-1"}
+    assert rows["executor-1"]["trust"] == "trusted"
+    assert rows["executor-1"]["labels"]["framework"] == "hermes"
+    hermes = run(
+        "agents",
+        "ls",
+        "--nats",
+        url,
+        "--json",
+        "-l",
+        "framework=hermes",
+        "--intent",
+        "task.execute",
+    )
+    assert [r["agent_id"] for r in json.loads(hermes.stdout)] == ["executor-1"]
+    shown = run("agents", "show", "facts-1", "--nats", url)
+    assert json.loads(shown.stdout)["intents"] == ["facts.lookup"]
+    missing = run("agents", "show", "nobody", "--nats", url)
+    assert missing.returncode == 1 and "no live agent" in missing.stderr
+
     failed = run("request", "task.execute", '{"q": "quantum"}', *common)
     assert failed.returncode == 1 and "facts.unknown" in failed.stderr
 
