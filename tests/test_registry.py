@@ -21,6 +21,7 @@ from bus import (
     InvalidSelectorError,
     KeyPair,
     NoExecutorError,
+    RequestRefused,
     TrustStore,
 )
 from bus.transport import MemoryBroker
@@ -266,3 +267,42 @@ async def test_watcher_survives_a_server_restart(tmp_path: Path) -> None:
         await watcher_t.close()
         await writer_t.close()
         server.stop()
+
+
+async def test_revoking_an_endorsed_agent_stops_its_envelopes(
+    make_bus: Any, keys: dict[str, KeyPair]
+) -> None:
+    operator, worker_key = KeyPair.generate("ops"), KeyPair.generate("worker-9")
+    bucket = f"reg_{os.urandom(6).hex()}"
+    exec_trust = TrustStore()  # the executor knows no agent key, only the operator
+    executor: Bus = await make_bus(keys["executor"], trust=exec_trust)
+
+    async def work(payload: Any, ctx: Context) -> Any:
+        return "done"
+
+    await executor.handle("task.execute", work)
+    feed = await Registry.open(
+        executor.transport,
+        trust=exec_trust,
+        operators=[operator.public],
+        bucket=bucket,
+        storage="memory",
+    )
+    worker: Bus = await make_bus(worker_key, trust=[keys["executor"].public])
+    worker_reg = await Registry.open(
+        worker.transport, trust=TrustStore([worker_key.public]), bucket=bucket, storage="memory"
+    )
+    with pytest.raises(RequestRefused):  # not endorsed yet: unknown to the executor
+        await worker.request("task.execute", {}, timeout=5)
+    await worker_reg.register(
+        worker_key, [], {}, ttl=30, endorsement=endorse(operator, worker_key.public)
+    )
+    await until(lambda: worker_key.kid in exec_trust)
+    assert (await worker.request("task.execute", {}, timeout=5)).payload == "done"
+    await feed.revoke(operator, worker_key.kid)
+    await until(lambda: worker_key.kid not in exec_trust)
+    with pytest.raises(RequestRefused) as info:
+        await worker.request("task.execute", {}, timeout=5)
+    assert info.value.code == "unknown_signer"
+    await worker_reg.close()
+    await feed.close()
