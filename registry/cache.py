@@ -73,8 +73,12 @@ class RegistryCache(Index):
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._follow(), name="intentbus-registry-watch")
         self._sweeper = loop.create_task(self._sweep(), name="intentbus-registry-sweep")
-        async with asyncio.timeout(timeout):
-            await self._synced.wait()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._synced.wait()
+        except BaseException:
+            await self.close()
+            raise
 
     async def resync(self) -> None:
         """Restart the watch (after a reconnect): the next snapshot replaces the cache."""
@@ -184,9 +188,10 @@ class RegistryCache(Index):
 
     def _upsert(self, record: AgentRecord) -> None:
         self.put(record)
-        if record.key.kid not in self.trust and record.endorsement is not None:
+        kid = record.key.kid
+        if kid not in self.trust and self.trust_of(record) == "endorsed":
             self.trust.add(record.key)
-            self._fed.add(record.key.kid)
+            self._fed.add(kid)
 
     def _drop(self, agent_id: str) -> None:
         record = self.remove(agent_id)
