@@ -36,6 +36,7 @@ from .errors import (
     TransportError,
     UsageError,
 )
+from .fanout import FanOutReply, FanOutResult, Policy
 from .keyfile import load_key, load_trust_file, write_key_pair
 from .keys import KeyPair, PublicKey
 from .server import EmbeddedServer, find_nats_server
@@ -55,6 +56,8 @@ __all__ = [
     "Envelope",
     "EnvelopeRejected",
     "ErrorInfo",
+    "FanOutReply",
+    "FanOutResult",
     "HandlerError",
     "HandlerFailed",
     "InvalidIntentError",
@@ -65,6 +68,7 @@ __all__ = [
     "NoHandlerError",
     "NoRespondersError",
     "Party",
+    "Policy",
     "PublicKey",
     "RemoteError",
     "ReplayMode",

@@ -21,6 +21,7 @@ from .context import Context, new_trace, require_parent
 from .directory import Directory
 from .envelope import Envelope, Party
 from .errors import BusClosedError, DeadlineExceeded, UsageError, remote_error
+from .fanout import FanOutResult, fan_out
 from .inbox import Inbox
 from .keys import KeyPair, PublicKey
 from .receive import Handler, Receiver, Route
@@ -222,6 +223,8 @@ class Bus:
         self._subs.append(
             await self.transport.subscribe(self.subjects.intent(intent), sink, queue=group)
         )
+        scatter = receiver.sink(Route(intent, self.agent_id, fanout=True))
+        self._subs.append(await self.transport.subscribe(self.subjects.fanout(intent), scatter))
 
     async def on_event(self, intent: str, handler: Handler, *, queue: str | None = None) -> None:
         """Receive events of ``intent`` (every subscriber, or one per ``queue`` group)."""
@@ -313,6 +316,12 @@ class Bus:
         if self.directory is None:
             raise UsageError("selector= needs a directory: attach a registry to bus.directory")
         return self.directory.pick_agent(validate_intent(intent), selector)
+
+    async def fan_out(self, intent: str, payload: Any, **options: Any) -> FanOutResult:
+        """Scatter to every executor of ``intent`` and gather by policy; see
+        :func:`bus.fanout.fan_out` for the options (selector, agents, policy, validator,
+        aggregate, timeout, deadline_ms, parent)."""
+        return await fan_out(self, intent, payload, **options)
 
     async def publish(
         self, intent: str, payload: Any, *, ttl: float = 60.0, parent: Envelope | None = None

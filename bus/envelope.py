@@ -136,6 +136,7 @@ class Envelope:
     error: ErrorInfo | None = None
     a2a_version: str = A2A_VERSION
     signature: Signature | None = None
+    audience: tuple[str, ...] | None = None
 
     def unsigned_dict(self) -> dict[str, Any]:
         """The JSON object without ``signature``: what the signature covers."""
@@ -162,6 +163,8 @@ class Envelope:
             d["status"] = self.status
         if self.error is not None:
             d["error"] = self.error.to_dict()
+        if self.audience is not None:
+            d["audience"] = list(self.audience)
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -225,7 +228,8 @@ def canonical_bytes(unsigned: dict[str, Any]) -> bytes:
 
 _SHAPED = frozenset(
     {"v", "kind", "message_id", "correlation_id", "in_reply_to", "trace", "sender",
-     "recipient", "intent", "reply_to", "status", "created_at", "expires_at", "a2a_version"}
+     "recipient", "intent", "reply_to", "status", "created_at", "expires_at", "a2a_version",
+     "audience"}
 )  # fmt: skip
 _PARTY_KEYS = frozenset({"agent_id", "framework"})
 _TRACE_KEYS = frozenset({"traceparent", "tracestate"})
@@ -288,7 +292,23 @@ def _build(raw: dict[str, Any]) -> Envelope:
         error,
         a2a,
         _signature(get("signature")),
+        _audience(get("audience")),
     )
+
+
+MAX_AUDIENCE = 10_000
+
+
+def _audience(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if type(value) is not list or len(value) > MAX_AUDIENCE:
+        raise ValueError(f"audience must be a list of at most {MAX_AUDIENCE} agent ids")
+    for agent_id in value:
+        if type(agent_id) is not str:
+            raise ValueError("audience holds agent ids (strings)")
+        validate_agent_id(agent_id)
+    return tuple(value)
 
 
 def _id(value: Any, what: str) -> str:

@@ -38,6 +38,9 @@ class _Pending:
     subject: str
     future: asyncio.Future[Envelope]
     rejected: list[EnvelopeRejected] = field(default_factory=list)
+    #: For scatter-gather: every verified reply goes here (None: no responders).
+    collect: Callable[[Envelope | None], None] | None = None
+    seen: set[str] = field(default_factory=set)
 
 
 class Inbox:
@@ -71,6 +74,18 @@ class Inbox:
         """Register ``request`` under ``reply_subject``; call before publishing it."""
         fut: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._pending[reply_subject] = _Pending(request, subject, fut)
+
+    def expect_many(
+        self,
+        reply_subject: str,
+        subject: str,
+        request: Envelope,
+        collect: Callable[[Envelope | None], None],
+    ) -> None:
+        """Register a scatter: each verified reply, one per sender, is passed to
+        ``collect`` (``None`` once if nobody listens) until :meth:`forget`."""
+        fut: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._pending[reply_subject] = _Pending(request, subject, fut, collect=collect)
 
     async def wait(self, reply_subject: str, timeout: float) -> Envelope:
         """Wait up to ``timeout`` seconds for the verified reply to ``request``.
@@ -109,8 +124,12 @@ class Inbox:
         if pending is None or pending.future.done():
             self.discarded += 1  # late or unsolicited: nobody waits for it
             return
+        collect = pending.collect
         if is_no_responders(msg):
-            pending.future.set_exception(NoRespondersError(pending.subject))
+            if collect is not None:
+                collect(None)
+            else:
+                pending.future.set_exception(NoRespondersError(pending.subject))
             return
         try:
             reply = self._verifier.verify(msg.data, self._now_ms(), _REPLY_KINDS)
@@ -119,7 +138,11 @@ class Inbox:
             log.warning("refused a reply on %s: %s", msg.subject, exc)
             pending.rejected.append(exc)
             return
-        pending.future.set_result(reply)
+        if collect is None:
+            pending.future.set_result(reply)
+        elif reply.sender.agent_id not in pending.seen:  # one vote per agent
+            pending.seen.add(reply.sender.agent_id)
+            collect(reply)
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail every waiting request (the bus is closing)."""
@@ -146,6 +169,11 @@ def _check_binding(reply: Envelope, request: Envelope) -> None:
     if reply.in_reply_to != request.message_id:
         raise EnvelopeRejected(
             "wrong_kind", f"reply is to {reply.in_reply_to!r}, not {request.message_id!r}"
+        )
+    audience = request.audience
+    if audience is not None and reply.sender.agent_id not in audience:
+        raise EnvelopeRejected(
+            "not_recipient", f"reply from {reply.sender.agent_id!r}, outside the audience"
         )
     if request.recipient is not None and reply.sender.agent_id != request.recipient.agent_id:
         raise EnvelopeRejected(

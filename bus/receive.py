@@ -42,11 +42,14 @@ class Route:
             which dispatches on the envelope's intent.
         scope: replay scope for events (the queue group, or this agent's id).
         kinds: envelope kinds accepted here.
+        fanout: a broadcast subject: envelopes whose ``audience`` leaves this agent
+            out are dropped without a reply (they were never meant for it).
     """
 
     intent: str | None
     scope: str
     kinds: tuple[str, ...] = ("request",)
+    fanout: bool = False
 
 
 class Receiver:
@@ -135,6 +138,8 @@ class Receiver:
             if replay is not None and not await replay.first_seen(_scope(env, route), until, now):
                 raise EnvelopeRejected("replayed", f"message {env.message_id} was seen before")
         except EnvelopeRejected as exc:
+            if route.fanout and exc.code == "not_recipient":
+                return  # a scatter to others: not ours, and no reply to add to their gather
             self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
             log.info("refused %s on %s: %s", exc.message_id or "?", msg.subject, exc)
             await self._refuse(msg, exc)

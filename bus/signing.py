@@ -70,6 +70,7 @@ class Sealer:
         in_reply_to: str | None = None,
         error: ErrorInfo | None = None,
         message_id: str | None = None,
+        audience: tuple[str, ...] | None = None,
     ) -> tuple[Envelope, bytes]:
         """Build, canonicalize, sign and encode an envelope.
 
@@ -95,6 +96,7 @@ class Sealer:
             in_reply_to=in_reply_to,
             status=status,
             error=error,
+            audience=audience,
         )
         body = env.unsigned_dict()
         sig = Signature(ALGORITHM, self._kid, b64url_encode(self._sign(canonical_bytes(body))))
@@ -194,3 +196,5 @@ class Verifier:
             raise EnvelopeRejected(
                 "not_recipient", f"addressed to {env.recipient.agent_id!r}, not {self.agent_id!r}"
             )
+        if env.audience is not None and self.agent_id not in env.audience:
+            raise EnvelopeRejected("not_recipient", f"{self.agent_id!r} is not in the audience")

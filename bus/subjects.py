@@ -13,6 +13,8 @@ Subjects, with the default prefix ``ib`` (see docs/ENVELOPE.md §Subjects):
   group ``<intent>`` so each request reaches exactly one of them;
 * ``ib.agent.<agent_id>.<intent>``: one specific agent; every agent subscribes to
   ``ib.agent.<agent_id>.>`` without a queue group;
+* ``ib.fanout.<intent>``: scatter-gather; every executor of the intent hears it (no
+  queue group), and the envelope's ``audience`` says which of them should answer;
 * ``ib.event.<intent>``: events published without a reply (every subscriber gets one).
 """
 
@@ -108,6 +110,10 @@ class SubjectScheme:
     def agent_wildcard(self, agent_id: str) -> str:
         """Subscription that receives everything addressed to ``agent_id``."""
         return _join(self.prefix, "agent", validate_agent_id(agent_id), ">")
+
+    def fanout(self, intent: str) -> str:
+        """Subject every executor of ``intent`` hears (no queue group): scatter-gather."""
+        return _join(self.prefix, "fanout", validate_intent(intent))
 
     def event(self, intent: str) -> str:
         """Subject for events of ``intent`` (published without reply)."""
