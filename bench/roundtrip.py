@@ -115,7 +115,9 @@ async def faststream_rr(url: str, n_seq: int, n_par: int) -> list[Result]:
     return out
 
 
-async def bus_rr(url: str, replay: str, n_seq: int, n_par: int) -> list[Result]:
+async def bus_rr(
+    url: str, replay: str, n_seq: int, n_par: int, idempotent: bool = False
+) -> list[Result]:
     p, e = KeyPair.generate("bench-planner"), KeyPair.generate("bench-executor")
     executor = await Bus.connect(url, key=e, trust=[p.public], replay=replay)  # type: ignore[arg-type]
     planner = await Bus.connect(url, key=p, trust=[e.public], replay=replay)  # type: ignore[arg-type]
@@ -123,12 +125,12 @@ async def bus_rr(url: str, replay: str, n_seq: int, n_par: int) -> list[Result]:
     async def echo(payload: Any, ctx: Context) -> Any:
         return payload
 
-    await executor.handle("bench.echo", echo)
+    await executor.handle("bench.echo", echo, idempotent=idempotent)
 
     async def call() -> Any:
         return await planner.request("bench.echo", PAYLOAD, timeout=10)
 
-    name = f"bus signed ({replay} replay)"
+    name = f"bus signed ({replay} replay{', idempotent' if idempotent else ''})"
     out = [await measure(name, call, n_seq, 1), await measure(name, call, n_par, WINDOW)]
     await planner.close()
     await executor.close()

@@ -20,12 +20,20 @@ from typing import Any, Literal
 from .context import Context, new_trace, require_parent
 from .directory import Directory
 from .envelope import Envelope, Party
-from .errors import BusClosedError, DeadlineExceeded, UsageError, remote_error
+from .errors import (
+    BusClosedError,
+    DeadlineExceeded,
+    NoRespondersError,
+    UsageError,
+    remote_error,
+)
 from .fanout import FanOutResult, fan_out
+from .idempotency import IdempotencyStore, LocalIdempotency, SharedIdempotency
 from .inbox import Inbox
 from .keys import KeyPair, PublicKey
 from .receive import Handler, Receiver, Route
 from .replay import LocalReplayGuard, ReplayGuard, SharedReplayGuard
+from .retry import CALL_TIMEOUTS, RetryPolicy
 from .server import EmbeddedServer
 from .signing import Sealer, VerificationPolicy, Verifier, new_id
 from .subjects import SubjectScheme, validate_agent_id, validate_intent
@@ -37,6 +45,7 @@ __all__ = ["Bus", "BusState", "ReplayMode"]
 log = logging.getLogger("intentbus.bus")
 ReplayMode = Literal["shared", "local"]
 REPLAY_BUCKET = "intentbus_replay"
+IDEMPOTENCY_BUCKET = "intentbus_idempotency"
 
 
 class BusState(enum.Enum):
@@ -64,6 +73,7 @@ class Bus:
         default_timeout: seconds a request waits when no timeout or deadline is given.
         clock: wall clock in seconds (inject in tests).
         directory: who serves what (a registry); needed for ``selector=`` requests.
+        retry: the default retry policy of requests (attempts, or a RetryPolicy).
     """
 
     def __init__(
@@ -80,6 +90,7 @@ class Bus:
         default_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         directory: Directory | None = None,
+        retry: RetryPolicy | int = 3,
     ) -> None:
         if replay not in ("shared", "local"):
             raise UsageError(f"replay must be 'shared' or 'local', not {replay!r}")
@@ -92,6 +103,8 @@ class Bus:
         self.policy = policy or VerificationPolicy()
         self.replay_mode: ReplayMode = replay
         self.default_timeout = default_timeout
+        self.call_timeouts = dict(CALL_TIMEOUTS, skill=default_timeout)
+        self.retry = _retry_policy(retry)
         self.directory = directory
         self._clock = clock
         self._sealer = Sealer(key, framework)
@@ -178,12 +191,15 @@ class Bus:
         if receiver.replay is not None:
             return
         replay: ReplayGuard
+        idem: IdempotencyStore
+        ttl = self.policy.replay_window_ms / 1000
         if self.replay_mode == "shared":
-            ttl = self.policy.replay_window_ms / 1000
             replay = SharedReplayGuard(await self.transport.key_value(REPLAY_BUCKET, ttl=ttl))
+            kv = await self.transport.key_value(IDEMPOTENCY_BUCKET, ttl=ttl, storage="file")
+            idem = SharedIdempotency(kv, self.now_ms)
         else:
-            replay = LocalReplayGuard()
-        receiver.replay = replay
+            replay, idem = LocalReplayGuard(), LocalIdempotency(self.now_ms, ttl)
+        receiver.replay, receiver.idempotency = replay, idem
 
     def now_ms(self) -> int:
         """The bus clock, Unix milliseconds."""
@@ -204,19 +220,25 @@ class Bus:
             raise BusClosedError(f"bus of {self.agent_id!r} is {self.state.value}")
         return self._receiver
 
-    async def handle(self, intent: str, handler: Handler, *, queue: str | None = None) -> None:
+    async def handle(
+        self, intent: str, handler: Handler, *, queue: str | None = None, idempotent: bool = True
+    ) -> None:
         """Serve ``intent``: requests to it reach ``handler(payload, ctx)``.
 
         Executors of one intent share a queue group (``queue`` overrides its name), so
         each request reaches one of them. Returns once the subscription is live.
         The handler's return value (JSON) becomes the signed reply; raising
         :class:`~bus.context.HandlerError` sends an error reply with its code.
+        With ``idempotent`` (the default) the handler runs at most once per
+        idempotency key, fleet-wide in ``shared`` replay mode (see
+        :mod:`bus.idempotency`); turn it off for pure handlers to save the round trip.
         """
         receiver = self._check_open()
         validate_intent(intent)
         if intent in self._handlers:
             raise UsageError(f"intent {intent!r} already has a handler on this bus")
         await self._ensure_replay(receiver)
+        receiver.set_idempotent(intent, idempotent)
         self._handlers[intent] = handler
         group = queue or self.subjects.queue_group(intent)
         sink = receiver.sink(Route(intent, group))
@@ -243,38 +265,78 @@ class Bus:
         payload: Any,
         *,
         timeout: float | None = None,
+        call: str = "skill",
         deadline_ms: int | None = None,
         agent: str | None = None,
         selector: str | None = None,
         parent: Envelope | None = None,
+        idempotency_key: str | None = None,
+        retry: RetryPolicy | int | None = None,
     ) -> Envelope:
         """Send a signed request and return the verified reply envelope.
 
         Args:
             intent: what to do; reaches one executor of the intent's queue group.
             payload: JSON value.
-            timeout: seconds to wait (default :attr:`default_timeout`).
-            deadline_ms: absolute deadline, Unix ms; the earlier of the two wins.
+            timeout: seconds each attempt waits (default: by ``call``).
+            call: ``skill`` (30 s), ``conversation`` (60 s) or ``long`` (120 s).
+            deadline_ms: absolute deadline for all attempts, Unix ms.
             agent: address this one agent instead of any executor.
             selector: a label selector (``env=prod,framework=hermes``); the directory
-                picks one matching live executor, which is then addressed directly.
+                picks one matching live executor per attempt, addressed directly.
             parent: the envelope this request continues; defaults to the one being
                 handled, whose correlation id, trace and deadline are inherited.
+            idempotency_key: the request's identity across retries (default: new).
+            retry: attempts (int) or a :class:`RetryPolicy`; default :attr:`retry`.
+                Only no-responders and deadlines are retried, with the same key.
 
         Raises:
             NoRespondersError, DeadlineExceeded, ReplyRejected, RemoteError subclasses;
             NoExecutorError when no registered executor matches ``selector``.
         """
         self._check_open()
-        if selector is not None:
-            agent = self._pick(intent, selector, agent)
+        policy = _retry_policy(self.retry if retry is None else retry)
+        per_attempt = self._timeout(timeout, call)
         parent = require_parent(parent)
-        now = self.now_ms()
-        expires = now + int((self.default_timeout if timeout is None else timeout) * 1000)
-        if deadline_ms is not None:
-            expires = min(expires, deadline_ms)
+        limit = deadline_ms if deadline_ms is not None else None
         if parent is not None:
-            expires = min(expires, parent.expires_at)
+            limit = parent.expires_at if limit is None else min(limit, parent.expires_at)
+        key = idempotency_key or new_id()
+        for attempt in range(1, policy.attempts + 1):
+            target = self._pick(intent, selector, agent) if selector is not None else agent
+            try:
+                return await self._attempt(intent, payload, per_attempt, limit, target, parent, key)
+            except (NoRespondersError, DeadlineExceeded) as exc:
+                pause = policy.backoff(attempt)
+                out_of_time = limit is not None and self.now_ms() + pause * 1000 >= limit
+                if attempt == policy.attempts or out_of_time:
+                    raise
+                log.info("attempt %d of %s failed (%s); retrying", attempt, intent, exc)
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _timeout(self, timeout: float | None, call: str) -> float:
+        if timeout is not None:
+            return timeout
+        try:
+            return self.call_timeouts[call]
+        except KeyError:
+            raise UsageError(f"call must be one of {sorted(self.call_timeouts)}") from None
+
+    async def _attempt(
+        self,
+        intent: str,
+        payload: Any,
+        timeout: float,
+        limit: int | None,
+        agent: str | None,
+        parent: Envelope | None,
+        key: str,
+    ) -> Envelope:
+        now = self.now_ms()
+        expires = now + int(timeout * 1000)
+        if limit is not None:
+            expires = min(expires, limit)
         subject = self.subjects.agent(agent, intent) if agent else self.subjects.intent(intent)
         if expires <= now:
             raise DeadlineExceeded(subject, 0.0)
@@ -283,12 +345,13 @@ class Bus:
             kind="request",
             intent=intent,
             payload=payload,
-            correlation_id=parent.correlation_id if parent else new_id(),
+            correlation_id=parent.correlation_id if parent else key,
             trace=new_trace(parent.trace if parent else None),
             created_at=now,
             expires_at=expires,
             recipient=Party(validate_agent_id(agent)) if agent else None,
             reply_to=reply_subject,
+            idempotency_key=key,
         )
         self._inbox.expect(reply_subject, subject, env)
         try:
@@ -380,3 +443,11 @@ class Bus:
     def refused(self) -> dict[str, int]:
         """Counts of refused incoming envelopes, by code."""
         return dict(self._receiver.refused) if self._receiver else {}
+
+
+def _retry_policy(retry: RetryPolicy | int) -> RetryPolicy:
+    if isinstance(retry, RetryPolicy):
+        return retry
+    if isinstance(retry, int) and retry >= 1:
+        return RetryPolicy(attempts=retry)
+    raise UsageError(f"retry must be a RetryPolicy or a number of attempts >= 1, not {retry!r}")

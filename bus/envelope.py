@@ -137,6 +137,7 @@ class Envelope:
     a2a_version: str = A2A_VERSION
     signature: Signature | None = None
     audience: tuple[str, ...] | None = None
+    idempotency_key: str | None = None
 
     def unsigned_dict(self) -> dict[str, Any]:
         """The JSON object without ``signature``: what the signature covers."""
@@ -165,6 +166,8 @@ class Envelope:
             d["error"] = self.error.to_dict()
         if self.audience is not None:
             d["audience"] = list(self.audience)
+        if self.idempotency_key is not None:
+            d["idempotency_key"] = self.idempotency_key
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,7 +232,7 @@ def canonical_bytes(unsigned: dict[str, Any]) -> bytes:
 _SHAPED = frozenset(
     {"v", "kind", "message_id", "correlation_id", "in_reply_to", "trace", "sender",
      "recipient", "intent", "reply_to", "status", "created_at", "expires_at", "a2a_version",
-     "audience"}
+     "audience", "idempotency_key"}
 )  # fmt: skip
 _PARTY_KEYS = frozenset({"agent_id", "framework"})
 _TRACE_KEYS = frozenset({"traceparent", "tracestate"})
@@ -293,6 +296,7 @@ def _build(raw: dict[str, Any]) -> Envelope:
         a2a,
         _signature(get("signature")),
         _audience(get("audience")),
+        _opt_id(get("idempotency_key"), "idempotency_key"),
     )
 
 

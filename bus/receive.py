@@ -20,6 +20,7 @@ from typing import Any
 from .context import Context, HandlerError, current_envelope, new_trace
 from .envelope import Envelope, ErrorInfo
 from .errors import BUS_CODES, EnvelopeRejected, RemoteError, TransportError
+from .idempotency import IdempotencyStore, idem_key, seal_outcome, verified_outcome
 from .replay import ReplayGuard, replay_key
 from .signing import Sealer, Verifier
 from .transport.base import Msg, Transport
@@ -31,6 +32,8 @@ log = logging.getLogger("intentbus.receive")
 Handler = Callable[[Any, Context], Awaitable[Any]]
 #: Replies stay acceptable this long even when the request's deadline is nearer.
 MIN_REPLY_LIFETIME_MS = 5_000
+_DEADLINE = ErrorInfo("deadline_exceeded", "deadline passed")
+_UNVERIFIED = ErrorInfo("handler_error", "the recorded outcome of this request is not verifiable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,10 @@ class Receiver:
         self._transport, self._sealer, self._verifier = transport, sealer, verifier
         #: Set by the bus before its first handler subscribes; None while it serves nothing.
         self.replay = replay
+        #: Claims and cached outcomes per idempotency key (set with ``replay``).
+        self.idempotency: IdempotencyStore | None = None
+        #: Intents whose handlers opted out of idempotency (pure, cheap handlers).
+        self._no_idem: set[str] = set()
         self._handlers, self._make_context = handlers, make_context
         self._now_ms = now_ms
         self._skew_ms = verifier.policy.skew_ms
@@ -85,6 +92,13 @@ class Receiver:
         self._workers: set[asyncio.Task[None]] = set()
         self._concurrency = concurrency
         self.refused: dict[str, int] = {}
+
+    def set_idempotent(self, intent: str, idempotent: bool) -> None:
+        """Whether requests of ``intent`` go through the idempotency store (default yes)."""
+        if idempotent:
+            self._no_idem.discard(intent)
+        else:
+            self._no_idem.add(intent)
 
     def start(self) -> None:
         """Start the worker pool (idempotent)."""
@@ -144,47 +158,93 @@ class Receiver:
             log.info("refused %s on %s: %s", exc.message_id or "?", msg.subject, exc)
             await self._refuse(msg, exc)
             return
-        await self._run(env, msg.reply)
+        if env.recipient is not None:
+            scope = f"a.{env.recipient.agent_id}"
+        else:  # a queue group, or this agent for a scatter
+            scope = f"a.{route.scope}" if route.fanout else f"q.{route.scope}"
+        await self._run(env, msg.reply, scope)
 
-    async def _run(self, env: Envelope, transport_reply: str) -> None:
+    async def _run(self, env: Envelope, transport_reply: str, scope: str) -> None:
         handler = self._handlers.get(env.intent)
         expects_reply = env.kind == "request"
         if handler is None:
-            error = ErrorInfo("no_handler", f"no handler for intent {env.intent!r}")
-            await self._reply(env, transport_reply, None, error)
+            missing = ErrorInfo("no_handler", f"no handler for intent {env.intent!r}")
+            await self._reply(env, transport_reply, None, missing)
             return
-        remaining = env.expires_at - self._now_ms()
-        if remaining <= 0:
-            await self._reply(
-                env, transport_reply, None, ErrorInfo("deadline_exceeded", "deadline passed")
-            )
+        now = self._now_ms()
+        if env.expires_at <= now:
+            await self._reply(env, transport_reply, None, _DEADLINE)
             return
+        idem = self.idempotency if expects_reply and env.intent not in self._no_idem else None
+        # once per queue group (or per agent, for a scatter or an addressed request)
+        key = idem_key(scope, env.sender.agent_id, env.idempotency_key or env.message_id)
+        if idem is not None:
+            claim = await idem.claim(key, env.expires_at, now, env.expires_at)
+            if not claim.run:  # answered before (or still running elsewhere)
+                await self._answer_from_cache(env, transport_reply, key, claim.result, idem.shared)
+                return
+        result, error = await self._invoke(handler, env)
+        if idem is not None:
+            await self._record(idem, key, result, error)
+        if expects_reply:
+            await self._reply(env, transport_reply, result, error)
+
+    async def _answer_from_cache(
+        self,
+        env: Envelope,
+        transport_reply: str,
+        key: str,
+        stored: dict[str, Any] | None,
+        idem_shared: bool,
+    ) -> None:
+        if stored is None:
+            await self._reply(env, transport_reply, None, _DEADLINE)
+            return
+        if idem_shared and not verified_outcome(key, stored, self._verifier.trust):
+            log.warning("ignored an unverifiable cached outcome for %s", key)
+            await self._reply(env, transport_reply, None, _UNVERIFIED)
+            return
+        error = stored.get("error")
+        info = ErrorInfo(error["code"], error["message"], error.get("data")) if error else None
+        await self._reply(env, transport_reply, stored.get("payload"), info)
+
+    async def _invoke(self, handler: Handler, env: Envelope) -> tuple[Any, ErrorInfo | None]:
+        """Run the handler under the request's deadline; map failures to error infos."""
         token = current_envelope.set(env)
         try:
-            async with asyncio.timeout(remaining / 1000):
-                result = await handler(env.payload, self._make_context(env))
+            async with asyncio.timeout((env.expires_at - self._now_ms()) / 1000):
+                return await handler(env.payload, self._make_context(env)), None
         except HandlerError as exc:
-            await self._reply(
-                env, transport_reply, None, ErrorInfo(exc.code, exc.message, exc.data)
-            )
-            return
+            return None, ErrorInfo(exc.code, exc.message, exc.data)
         except TimeoutError:
-            await self._reply(
-                env, transport_reply, None, ErrorInfo("deadline_exceeded", "deadline passed")
-            )
-            return
+            return None, _DEADLINE
         except RemoteError as exc:  # a nested call failed: pass its code on, say where from
-            await self._reply(env, transport_reply, None, _passed_on(exc))
-            return
+            return None, _passed_on(exc)
         except Exception as exc:
             log.warning("handler for %s raised %s", env.intent, exc, exc_info=True)
-            info = ErrorInfo("handler_error", f"{type(exc).__name__}: {exc}")
-            await self._reply(env, transport_reply, None, info)
-            return
+            return None, ErrorInfo("handler_error", f"{type(exc).__name__}: {exc}")
         finally:
             current_envelope.reset(token)
-        if expects_reply:
-            await self._reply(env, transport_reply, result, None)
+
+    async def _record(
+        self, idem: IdempotencyStore, key: str, result: Any, error: ErrorInfo | None
+    ) -> None:
+        try:
+            if error is _DEADLINE:
+                await idem.release(key)  # did not complete: a retry may run it
+                return
+            outcome: dict[str, Any] = {"payload": result, "error": error and error.to_dict()}
+            try:
+                await idem.finish(key, self._sealed(idem, key, outcome))
+            except (TypeError, ValueError):  # a non-JSON result: the reply says so, the cache too
+                info = ErrorInfo("handler_error", "handler returned a non-JSON value")
+                outcome = {"payload": None, "error": info.to_dict()}
+                await idem.finish(key, self._sealed(idem, key, outcome))
+        except TransportError as exc:
+            log.warning("could not record the outcome of %s: %s", key, exc)
+
+    def _sealed(self, idem: IdempotencyStore, key: str, outcome: dict[str, Any]) -> dict[str, Any]:
+        return seal_outcome(key, outcome, self._sealer.key) if idem.shared else outcome
 
     async def _reply(
         self, req: Envelope, transport_reply: str, result: Any, error: ErrorInfo | None

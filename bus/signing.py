@@ -71,6 +71,7 @@ class Sealer:
         error: ErrorInfo | None = None,
         message_id: str | None = None,
         audience: tuple[str, ...] | None = None,
+        idempotency_key: str | None = None,
     ) -> tuple[Envelope, bytes]:
         """Build, canonicalize, sign and encode an envelope.
 
@@ -97,6 +98,7 @@ class Sealer:
             status=status,
             error=error,
             audience=audience,
+            idempotency_key=idempotency_key,
         )
         body = env.unsigned_dict()
         sig = Signature(ALGORITHM, self._kid, b64url_encode(self._sign(canonical_bytes(body))))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import TransportError
 from .base import KeyValue, KeyWatch, KVEvent, MsgHandler, Storage, Subscription
 
-__all__ = ["MemoryBroker", "MemoryMsg", "MemoryTransport", "subject_matches"]
+__all__ = ["MemoryBroker", "MemoryKeyValue", "MemoryMsg", "MemoryTransport", "subject_matches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class _MemorySub:
 
 
 class _MemoryWatch:
-    def __init__(self, kv: _MemoryKV) -> None:
+    def __init__(self, kv: MemoryKeyValue) -> None:
         self._kv = kv
         self.queue: asyncio.Queue[KVEvent | _Stop | None] = asyncio.Queue()
 
@@ -88,7 +88,7 @@ class _Stop:
     pass
 
 
-class _MemoryKV:
+class MemoryKeyValue:
     """Values with write time, revision and optional per-key expiry; watchers notified."""
 
     def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
@@ -163,7 +163,7 @@ class MemoryBroker:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.subs: set[_MemorySub] = set()
-        self.buckets: dict[str, _MemoryKV] = {}
+        self.buckets: dict[str, MemoryKeyValue] = {}
         self.clock = clock
         self._rr = itertools.count()
 
@@ -242,7 +242,7 @@ class MemoryTransport:
         expiry_events: bool = False,
     ) -> KeyValue:
         self._check_open()
-        return self.broker.buckets.setdefault(bucket, _MemoryKV(ttl, self.broker.clock))
+        return self.broker.buckets.setdefault(bucket, MemoryKeyValue(ttl, self.broker.clock))
 
     def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
         """An in-memory connection never drops; nothing to register."""

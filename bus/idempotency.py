@@ -1,0 +1,159 @@
+"""Idempotency: an executor runs a request at most once per idempotency key.
+
+Every request carries an ``idempotency_key`` (by default its first attempt's message
+id; retries reuse it). Before a handler runs, the executor claims the key with an
+atomic *create* of ``pending``; a second delivery (a retry, or a duplicate sent to
+another instance of the queue group) finds the claim and waits for the outcome, then
+answers with the cached result, re-sealed for its own envelope. Keys are scoped by
+intent and sender: ``<intent>.<sender>.<key>``.
+
+If the claimant dies, its claim carries the deadline of the attempt it served; once
+that has passed, a later attempt may take the claim over. A handler cancelled at its
+deadline releases its claim, so a retry runs it again (document-level: a handler that
+must never run twice completes or checkpoints before its deadline).
+
+Two stores, chosen with the bus's replay mode: :class:`SharedIdempotency` (JetStream
+KV, fleet-wide) and :class:`LocalIdempotency` (this process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from .canonical import canonicalize
+from .keys import KeyPair, b64url_decode, b64url_encode
+from .transport.base import KeyValue
+from .transport.memory import MemoryKeyValue
+from .trust import TrustStore
+
+__all__ = [
+    "Claim",
+    "IdempotencyStore",
+    "LocalIdempotency",
+    "SharedIdempotency",
+    "idem_key",
+    "seal_outcome",
+    "verified_outcome",
+]
+
+POLL_SECONDS = 0.05
+
+
+def idem_key(scope: str, sender: str, key: str) -> str:
+    """The store key of one request: ``scope`` is the queue group (or the agent)."""
+    return f"{scope}.{sender}.{key}"
+
+
+def seal_outcome(store_key: str, outcome: dict[str, Any], signer: KeyPair) -> dict[str, Any]:
+    """An outcome signed by the executor that produced it (over its key and content), so
+    a value planted in the shared bucket by anyone else is never replayed as a reply."""
+    body = {"key": store_key, "payload": outcome.get("payload"), "error": outcome.get("error")}
+    sig = b64url_encode(signer.sign(canonicalize(body)))
+    return dict(body, by=signer.agent_id, kid=signer.kid, sig=sig)
+
+
+def verified_outcome(store_key: str, stored: dict[str, Any], trust: TrustStore) -> bool:
+    """True when ``stored`` was sealed for ``store_key`` by a trusted key of its ``by``."""
+    key = trust.get(str(stored.get("kid")))
+    if key is None or key.agent_id != stored.get("by") or stored.get("key") != store_key:
+        return False
+    body = {"key": store_key, "payload": stored.get("payload"), "error": stored.get("error")}
+    try:
+        return key.verify(canonicalize(body), b64url_decode(str(stored.get("sig"))))
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The outcome of :meth:`IdempotencyStore.claim`: ``run`` the handler, or a ``result``
+    (``{"payload": ..., "error": {...} | None}``) recorded by an earlier delivery."""
+
+    run: bool
+    result: dict[str, Any] | None = None
+
+
+class IdempotencyStore(Protocol):
+    """Contract: at most one ``claim`` per key returns ``run=True`` until it is released.
+
+    ``shared`` says whether others can write the store: outcomes kept there are sealed by
+    the executor and verified before they are served again.
+    """
+
+    shared: bool
+
+    async def claim(self, key: str, lease_until_ms: int, now_ms: int, wait_until_ms: int) -> Claim:
+        """Claim ``key``; if claimed already, wait (until ``wait_until_ms``) for its result.
+
+        Returns ``Claim(run=False)`` with no result when the wait ran out.
+        """
+        ...
+
+    async def finish(self, key: str, result: dict[str, Any]) -> None:
+        """Record the outcome of a claimed key."""
+        ...
+
+    async def release(self, key: str) -> None:
+        """Give a claim up without an outcome (the handler did not complete)."""
+        ...
+
+
+class _KVStore:
+    shared = True
+
+    def __init__(self, kv: KeyValue, clock_ms: Any) -> None:
+        self._kv = kv
+        self._clock_ms = clock_ms
+
+    async def claim(self, key: str, lease_until_ms: int, now_ms: int, wait_until_ms: int) -> Claim:
+        pending = orjson.dumps({"state": "pending", "until": lease_until_ms})
+        while True:
+            if await self._kv.create(key, pending):
+                return Claim(run=True)
+            raw = await self._kv.get(key)
+            if raw is None:
+                continue  # released or expired between the two calls: claim again
+            state = orjson.loads(raw)
+            if state.get("state") == "done":
+                return Claim(run=False, result=state)
+            now = self._clock_ms()
+            if state.get("until", 0) < now:  # the claimant's attempt is over: take over
+                await self._kv.delete(key)
+                continue
+            if now >= wait_until_ms:
+                return Claim(run=False)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def finish(self, key: str, result: dict[str, Any]) -> None:
+        await self._kv.put(key, orjson.dumps(dict(result, state="done")))
+
+    async def release(self, key: str) -> None:
+        await self._kv.delete(key)
+
+
+class SharedIdempotency(_KVStore):
+    """Claims and results in a KV bucket every instance of the fleet shares.
+
+    Args:
+        kv: a bucket whose TTL is how long results are kept for retries.
+        clock_ms: the bus clock, Unix ms.
+    """
+
+
+class LocalIdempotency(_KVStore):
+    """The same rules in this process only (an in-memory bucket).
+
+    Args:
+        clock_ms: the bus clock, Unix ms.
+        ttl: how long results are kept, seconds.
+    """
+
+    shared = False
+
+    def __init__(self, clock_ms: Any, ttl: float) -> None:
+        super().__init__(MemoryKeyValue(ttl, time.monotonic), clock_ms)
