@@ -13,9 +13,11 @@ Map of the package, bottom to top (arrows point down only):
 """
 
 from .bus import Bus, BusState, ReplayMode
+from .callbacks import CallbackPolicy
 from .canonical import canonicalize
-from .context import Context, HandlerError
+from .context import Context, HandlerError, PendingReview, Review
 from .directory import Directory
+from .durable import DurableConfig, Results
 from .envelope import Envelope, ErrorInfo, Party, TraceContext
 from .errors import (
     BusClosedError,
@@ -39,6 +41,7 @@ from .errors import (
 from .fanout import FanOutReply, FanOutResult, Policy
 from .keyfile import load_key, load_trust_file, write_key_pair
 from .keys import KeyPair, PublicKey
+from .retry import RetryPolicy
 from .server import EmbeddedServer, find_nats_server
 from .signing import Sealer, VerificationPolicy, Verifier
 from .subjects import SubjectScheme
@@ -49,9 +52,11 @@ __all__ = [
     "BusClosedError",
     "BusError",
     "BusState",
+    "CallbackPolicy",
     "Context",
     "DeadlineExceeded",
     "Directory",
+    "DurableConfig",
     "EmbeddedServer",
     "Envelope",
     "EnvelopeRejected",
@@ -68,12 +73,16 @@ __all__ = [
     "NoHandlerError",
     "NoRespondersError",
     "Party",
+    "PendingReview",
     "Policy",
     "PublicKey",
     "RemoteError",
     "ReplayMode",
     "ReplyRejected",
     "RequestRefused",
+    "Results",
+    "RetryPolicy",
+    "Review",
     "Sealer",
     "ServerStartError",
     "SubjectScheme",

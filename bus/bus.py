@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
+from .callbacks import DEAD_LETTERS_BUCKET, Deliverer
 from .context import Context, new_trace, require_parent
 from .directory import Directory
+from .durable import PENDING_BUCKET, DurableConfig, DurableExecutor, Results, ensure_streams, send
 from .envelope import Envelope, Party
 from .errors import (
     BusClosedError,
@@ -34,10 +36,11 @@ from .keys import KeyPair, PublicKey
 from .receive import Handler, Receiver, Route
 from .replay import LocalReplayGuard, ReplayGuard, SharedReplayGuard
 from .retry import CALL_TIMEOUTS, RetryPolicy
+from .review import decide, list_pending, review_handler, review_intent
 from .server import EmbeddedServer
 from .signing import Sealer, VerificationPolicy, Verifier, new_id
 from .subjects import SubjectScheme, validate_agent_id, validate_intent
-from .transport.base import Subscription, Transport
+from .transport.base import KeyValue, Subscription, Transport
 from .trust import TrustStore
 
 __all__ = ["Bus", "BusState", "ReplayMode"]
@@ -115,6 +118,7 @@ class Bus:
         self._concurrency = concurrency
         self._receiver: Receiver | None = None
         self._server: EmbeddedServer | None = None
+        self._durable: DurableExecutor | None = None
         self.state = BusState.NEW
 
     @classmethod
@@ -386,6 +390,62 @@ class Bus:
         aggregate, timeout, deadline_ms, parent)."""
         return await fan_out(self, intent, payload, **options)
 
+    async def serve_durable(
+        self,
+        intent: str,
+        handler: Handler,
+        *,
+        config: DurableConfig | None = None,
+        reviewers: set[str] | None = None,
+    ) -> None:
+        """Serve async requests of ``intent`` from the durable stream (see
+        :mod:`bus.durable`), and reviewers' decisions about the ones it parks."""
+        receiver = self._check_open()
+        executor = await self._durable_executor(receiver, config)
+        await executor.serve(intent, handler)
+        decide_here = review_handler(executor, intent, handler, reviewers)
+        await self.handle(review_intent(intent), decide_here, idempotent=False)
+
+    async def _durable_executor(
+        self, receiver: Receiver, config: DurableConfig | None
+    ) -> DurableExecutor:
+        if self._durable is None:
+            config = config or DurableConfig()
+            await ensure_streams(self, config)
+            await self._ensure_replay(receiver)
+            assert receiver.idempotency is not None
+            dead = await self.transport.key_value(DEAD_LETTERS_BUCKET, storage="file")
+            prefix = f"{self.subjects.prefix}.results."
+            deliverer = Deliverer(self.transport, prefix, dead, config.callbacks)
+            self._durable = DurableExecutor(
+                self, config, receiver.idempotency, deliverer, await self._pending_bucket()
+            )
+        return self._durable
+
+    async def _pending_bucket(self) -> KeyValue:
+        return await self.transport.key_value(PENDING_BUCKET, storage="file")
+
+    async def send(self, intent: str, payload: Any, **options: Any) -> Envelope:
+        """Queue an async request durably and return at once (see :func:`bus.durable.send`:
+        ``reply_to`` subject or URL, ``ttl``, ``idempotency_key``). The returned
+        envelope's ``message_id`` is the request id."""
+        self._check_open()
+        await ensure_streams(self, options.pop("config", None) or DurableConfig())
+        return await send(self, intent, payload, **options)
+
+    async def results(self, config: DurableConfig | None = None) -> Results:
+        """This agent's async results, kept until read (across restarts)."""
+        self._check_open()
+        return await Results.open(self, config)
+
+    async def pending(self) -> list[dict[str, Any]]:
+        """Every parked (``pending_review``) async request."""
+        return await list_pending(await self._pending_bucket())
+
+    async def review(self, request_id: str, *, approve: bool, note: str = "") -> Envelope:
+        """Approve or decline a parked request; the executor delivers the outcome."""
+        return await decide(self, await self._pending_bucket(), request_id, approve, note)
+
     async def publish(
         self, intent: str, payload: Any, *, ttl: float = 60.0, parent: Envelope | None = None
     ) -> Envelope:
@@ -417,6 +477,8 @@ class Bus:
             return
         self.state = BusState.CLOSING
         try:
+            if self._durable is not None:
+                await self._durable.close()
             for sub in reversed(self._subs):
                 try:
                     await sub.unsubscribe()

@@ -9,6 +9,7 @@ deadline, so a conversation stays threaded with no effort from the author.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope, TraceContext
@@ -18,7 +19,7 @@ from .ids import new_span_id, new_trace_id
 if TYPE_CHECKING:
     from .bus import Bus
 
-__all__ = ["Context", "HandlerError", "current_envelope", "new_trace"]
+__all__ = ["Context", "HandlerError", "PendingReview", "Review", "current_envelope", "new_trace"]
 
 current_envelope: ContextVar[Envelope | None] = ContextVar("intentbus_envelope", default=None)
 
@@ -46,14 +47,39 @@ class HandlerError(Exception):
         self.data = data
 
 
+class PendingReview(Exception):
+    """Raise in an async (durable) handler when the request exceeds its autonomy.
+
+    The request is parked, the requester is told (status ``pending_review``), and when
+    a reviewer approves, the handler runs again with ``ctx.review.approved`` True; a
+    decline sends the requester an error ``review.declined``.
+    """
+
+    def __init__(self, reason: str, data: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.data = data
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A reviewer's decision on a parked request."""
+
+    approved: bool
+    by: str
+    note: str = ""
+
+
 class Context:
     """Per-request view handed to a handler as its second argument."""
 
-    __slots__ = ("bus", "envelope")
+    __slots__ = ("bus", "envelope", "review")
 
-    def __init__(self, bus: Bus, envelope: Envelope) -> None:
+    def __init__(self, bus: Bus, envelope: Envelope, review: Review | None = None) -> None:
         self.bus = bus
         self.envelope = envelope
+        #: Set when a parked request runs again after a reviewer's decision.
+        self.review = review
 
     @property
     def sender(self) -> str:

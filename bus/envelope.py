@@ -33,7 +33,8 @@ ENVELOPE_VERSION = 1
 A2A_VERSION = "1.0"
 Kind = Literal["request", "reply", "event"]
 KINDS = ("request", "reply", "event")
-STATUSES = ("ok", "error")
+#: ``working`` and ``pending_review`` are interim replies of async requests.
+STATUSES = ("ok", "error", "working", "pending_review")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _CODE = re.compile(r"[a-z][a-z0-9_.]{0,63}")

@@ -62,8 +62,14 @@ class EmbeddedServer:
         binary: path to nats-server (default: :func:`find_nats_server`).
         store_dir: JetStream store; a temporary directory when None.
         port: client port; -1 lets the server choose a free one.
-        extra_args: more command-line arguments (cluster routes, a config file ...).
+        extra_args: more command-line arguments.
         ready_timeout: seconds to wait for the server to accept clients.
+        sync_interval: JetStream fsync policy: ``always`` (default: every write is on
+            disk before it is acknowledged, so accepted work survives a power failure)
+            or a duration such as ``2m`` (the server's own default; faster, but a power
+            loss can lose acknowledged writes).
+        name: server name (required in a cluster).
+        cluster: ``(cluster_name, listen_port, [route_ports])`` to join a local cluster.
     """
 
     def __init__(
@@ -74,12 +80,16 @@ class EmbeddedServer:
         port: int = -1,
         extra_args: tuple[str, ...] = (),
         ready_timeout: float = 10.0,
+        sync_interval: str = "always",
+        name: str = "intentbus",
+        cluster: tuple[str, int, list[int]] | None = None,
     ) -> None:
         self.binary = binary or find_nats_server()
         self._own_store = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="intentbus-nats-")
         self.port = port
         self.extra_args = extra_args
+        self.sync_interval, self.name, self.cluster = sync_interval, name, cluster
         self.ready_timeout = ready_timeout
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
@@ -91,7 +101,9 @@ class EmbeddedServer:
         if self.proc is not None:
             return self.url
         self._ports_dir = tempfile.mkdtemp(prefix="intentbus-ports-")
-        args = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir]
+        config = Path(self._ports_dir) / "nats-server.conf"
+        config.write_text(self._config())
+        args = [self.binary, "-c", str(config), "-a", "127.0.0.1", "-p", str(self.port)]
         self.log_file = str(Path(self._ports_dir) / "nats-server.log")
         args += ["--ports_file_dir", self._ports_dir, "-l", self.log_file, *self.extra_args]
         try:
@@ -109,6 +121,19 @@ class EmbeddedServer:
             self.stop()
             raise
         return self.url
+
+    def _config(self) -> str:
+        store = json.dumps(self.store_dir)
+        text = f"server_name: {json.dumps(self.name)}\n"
+        text += f"jetstream {{\n  store_dir: {store}\n  sync_interval: {self.sync_interval}\n}}\n"
+        if self.cluster is not None:
+            cluster_name, listen, routes = self.cluster
+            urls = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in routes)
+            text += (
+                f"cluster {{\n  name: {json.dumps(cluster_name)}\n"
+                f"  listen: 127.0.0.1:{listen}\n  routes: [{urls}]\n}}\n"
+            )
+        return text
 
     def _wait_ready(self) -> str:
         assert self.proc is not None

@@ -72,6 +72,7 @@ class Sealer:
         message_id: str | None = None,
         audience: tuple[str, ...] | None = None,
         idempotency_key: str | None = None,
+        status: str | None = None,
     ) -> tuple[Envelope, bytes]:
         """Build, canonicalize, sign and encode an envelope.
 
@@ -81,7 +82,8 @@ class Sealer:
         Raises:
             TypeError, ValueError: ``payload`` is not canonicalizable JSON.
         """
-        status = None if kind != "reply" else ("error" if error is not None else "ok")
+        if kind == "reply" and status is None:
+            status = "error" if error is not None else "ok"
         env = Envelope(
             kind=kind,
             message_id=message_id or new_id(),

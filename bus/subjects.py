@@ -115,6 +115,14 @@ class SubjectScheme:
         """Subject every executor of ``intent`` hears (no queue group): scatter-gather."""
         return _join(self.prefix, "fanout", validate_intent(intent))
 
+    def durable(self, intent: str) -> str:
+        """Subject of async requests of ``intent``, kept in a stream until done."""
+        return _join(self.prefix, "durable", validate_intent(intent))
+
+    def results(self, agent_id: str) -> str:
+        """Where async results for ``agent_id`` wait (in a stream) until it reads them."""
+        return _join(self.prefix, "results", validate_agent_id(agent_id))
+
     def event(self, intent: str) -> str:
         """Subject for events of ``intent`` (published without reply)."""
         return _join(self.prefix, "event", validate_intent(intent))

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 __all__ = [
+    "JsMsg",
     "KVEvent",
     "KeyValue",
     "KeyWatch",
     "Msg",
     "MsgHandler",
+    "PullConsumer",
     "Subscription",
     "Transport",
     "is_no_responders",
@@ -105,6 +107,47 @@ class KeyValue(Protocol):
         ...
 
 
+class JsMsg(Protocol):
+    """A message from a durable stream; it is redelivered until acknowledged."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def deliveries(self) -> int:
+        """How many times it was delivered (1 the first time)."""
+        ...
+
+    async def ack(self) -> None:
+        """Done: never deliver it again."""
+        ...
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Not done: deliver it again (after ``delay`` seconds)."""
+        ...
+
+    async def in_progress(self) -> None:
+        """Still working: restart the ack timer."""
+        ...
+
+    async def term(self) -> None:
+        """Never deliver it again, without it being done (poison message)."""
+        ...
+
+
+class PullConsumer(Protocol):
+    """A durable consumer shared by every process that pulls from it (a work queue)."""
+
+    async def fetch(self, batch: int, timeout: float) -> list[JsMsg]:
+        """Up to ``batch`` messages; an empty list when none came within ``timeout``."""
+        ...
+
+    async def close(self) -> None:
+        """Stop pulling (the durable consumer stays on the server)."""
+        ...
+
+
 class Transport(Protocol):
     """Publish/subscribe with queue groups, inboxes and KV buckets.
 
@@ -162,6 +205,34 @@ class Transport(Protocol):
             expiry_events: watchers see per-key TTL expiries as deletions (the server
                 places a delete marker); costs one marker message per expiry.
         """
+        ...
+
+    async def ensure_stream(
+        self, name: str, subjects: list[str], *, replicas: int = 1, max_age: float = 0
+    ) -> None:
+        """Create the stream (file storage) unless it exists."""
+        ...
+
+    async def publish_durable(
+        self, subject: str, data: bytes, *, msg_id: str, timeout: float = 5.0
+    ) -> int:
+        """Publish into a stream and wait for the server's ack; returns the sequence.
+
+        ``msg_id`` deduplicates: publishing again with it (a retry after a lost ack)
+        stores nothing new within the stream's duplicate window.
+        """
+        ...
+
+    async def pull_consumer(
+        self,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        *,
+        ack_wait: float = 30.0,
+        max_deliver: int = 10,
+    ) -> PullConsumer:
+        """Bind to (creating if needed) a durable pull consumer."""
         ...
 
     def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:

@@ -18,7 +18,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import TransportError
-from .base import KeyValue, KeyWatch, KVEvent, MsgHandler, Storage, Subscription
+from .base import (
+    KeyValue,
+    KeyWatch,
+    KVEvent,
+    MsgHandler,
+    PullConsumer,
+    Storage,
+    Subscription,
+)
+
+_NO_STREAMS = (
+    "durable streams (async requests with callbacks) need a real nats-server; "
+    "the in-memory transport covers request/reply, fan-out, events and KV"
+)
 
 __all__ = ["MemoryBroker", "MemoryKeyValue", "MemoryMsg", "MemoryTransport", "subject_matches"]
 
@@ -246,6 +259,27 @@ class MemoryTransport:
 
     def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
         """An in-memory connection never drops; nothing to register."""
+
+    async def ensure_stream(
+        self, name: str, subjects: list[str], *, replicas: int = 1, max_age: float = 0
+    ) -> None:
+        raise TransportError(_NO_STREAMS)
+
+    async def publish_durable(
+        self, subject: str, data: bytes, *, msg_id: str, timeout: float = 5.0
+    ) -> int:
+        raise TransportError(_NO_STREAMS)
+
+    async def pull_consumer(
+        self,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        *,
+        ack_wait: float = 30.0,
+        max_deliver: int = 10,
+    ) -> PullConsumer:
+        raise TransportError(_NO_STREAMS)
 
     async def flush(self, timeout: float = 5.0) -> None:
         self._check_open()

@@ -15,10 +15,19 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig, StorageType, StreamConfig
 
 from ..errors import TransportError
-from .base import KeyValue, KeyWatch, KVEvent, MsgHandler, Storage, Subscription
+from .base import (
+    JsMsg,
+    KeyValue,
+    KeyWatch,
+    KVEvent,
+    MsgHandler,
+    PullConsumer,
+    Storage,
+    Subscription,
+)
 
 __all__ = ["NatsTransport", "connect"]
 
@@ -143,6 +152,57 @@ class _Sub:
             raise TransportError(f"unsubscribe: {exc}") from exc
 
 
+class _JsMsg:
+    __slots__ = ("_msg",)
+
+    def __init__(self, msg: Any) -> None:
+        self._msg = msg
+
+    @property
+    def subject(self) -> str:
+        subject: str = self._msg.subject
+        return subject
+
+    @property
+    def data(self) -> bytes:
+        data: bytes = self._msg.data
+        return data
+
+    @property
+    def deliveries(self) -> int:
+        return int(self._msg.metadata.num_delivered)
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        await self._msg.nak(delay=delay)
+
+    async def in_progress(self) -> None:
+        await self._msg.in_progress()
+
+    async def term(self) -> None:
+        await self._msg.term()
+
+
+class _Pull:
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def fetch(self, batch: int, timeout: float) -> list[JsMsg]:
+        try:
+            msgs = await self._sub.fetch(batch, timeout=timeout)
+        except nats.errors.TimeoutError:
+            return []
+        except nats.errors.Error as exc:
+            raise TransportError(f"fetch: {exc}") from exc
+        return [_JsMsg(m) for m in msgs]
+
+    async def close(self) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.unsubscribe()
+
+
 class NatsTransport:
     """A live nats-py connection; see :class:`bus.transport.base.Transport`."""
 
@@ -212,6 +272,61 @@ class NatsTransport:
         except nats.errors.Error as exc:
             raise TransportError(f"key-value bucket {bucket!r}: {exc}") from exc
         return _Bucket(kv, self._js, bucket)
+
+    async def ensure_stream(
+        self, name: str, subjects: list[str], *, replicas: int = 1, max_age: float = 0
+    ) -> None:
+        config = StreamConfig(
+            name=name,
+            subjects=subjects,
+            num_replicas=replicas,
+            storage=StorageType.FILE,
+            max_age=max_age or None,
+            duplicate_window=120.0,
+        )
+        try:
+            try:
+                await self._js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                await self._js.add_stream(config)
+        except nats.errors.Error as exc:
+            raise TransportError(f"stream {name!r}: {exc}") from exc
+
+    async def publish_durable(
+        self, subject: str, data: bytes, *, msg_id: str, timeout: float = 5.0
+    ) -> int:
+        try:
+            ack = await self._js.publish(
+                subject, data, timeout=timeout, headers={"Nats-Msg-Id": msg_id}
+            )
+        except nats.errors.Error as exc:
+            raise TransportError(f"durable publish to {subject!r}: {exc}") from exc
+        seq: int = ack.seq
+        return seq
+
+    async def pull_consumer(
+        self,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        *,
+        ack_wait: float = 30.0,
+        max_deliver: int = 10,
+    ) -> PullConsumer:
+        config = ConsumerConfig(
+            durable_name=durable,
+            filter_subject=filter_subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+        )
+        try:
+            sub = await self._js.pull_subscribe(
+                filter_subject, durable=durable, stream=stream, config=config
+            )
+        except nats.errors.Error as exc:
+            raise TransportError(f"consumer {durable!r} on {stream!r}: {exc}") from exc
+        return _Pull(sub)
 
     def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
         self._reconnect_callbacks.append(callback)

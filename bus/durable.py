@@ -1,0 +1,391 @@
+"""Async requests with callbacks, durable on JetStream: accepted work is never lost.
+
+Requester: :func:`send` seals the request (``reply_to``: a bus subject, by default this
+agent's results subject, or an HTTP(S) URL), publishes it into the stream
+``IB_REQUESTS`` with ``Nats-Msg-Id`` = its message id (so a retried publish after a lost
+ack stores it once), and returns as soon as the server acknowledged it. Results wait in
+``IB_RESULTS`` until the requester reads them (:class:`Results`), across its restarts.
+
+Executor: :class:`DurableExecutor` pulls from a durable consumer shared by every
+instance of the intent. A request is acknowledged only after its outcome is recorded
+(idempotency store) and delivered; an executor that dies mid-request leaves it
+unacknowledged, and JetStream redelivers it to another instance after ``ack_wait``.
+The idempotency claim (leased for ``ack_wait``, renewed while working) makes the
+outcome happen once; redeliveries of a finished request re-send the recorded outcome.
+
+Interim states go to ``reply_to`` as replies with status ``working`` or
+``pending_review`` (see :class:`bus.context.PendingReview`); parked requests live in the
+KV bucket ``intentbus_pending`` until a reviewer decides (:mod:`bus.review`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .callbacks import CallbackPolicy
+from .context import Context, PendingReview, Review, new_trace
+from .envelope import Envelope, ErrorInfo
+from .errors import EnvelopeRejected, TransportError, UsageError
+from .idempotency import IdempotencyStore, idem_key, seal_outcome, verified_outcome
+from .ids import new_id
+from .receive import Handler
+from .signing import VerificationPolicy, Verifier
+from .transport.base import JsMsg, KeyValue, PullConsumer
+
+if TYPE_CHECKING:
+    from .bus import Bus
+    from .callbacks import Deliverer
+
+__all__ = ["DurableConfig", "DurableExecutor", "Results", "ensure_streams", "send"]
+
+log = logging.getLogger("intentbus.durable")
+REQUESTS_STREAM, RESULTS_STREAM = "IB_REQUESTS", "IB_RESULTS"
+PENDING_BUCKET = "intentbus_pending"
+WEEK = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class DurableConfig:
+    """Streams and consumers of async requests.
+
+    Attributes:
+        replicas: stream replicas (3 on a 3-node cluster survives one node lost).
+        ack_wait: seconds before an unacknowledged request is redelivered.
+        max_deliver: deliveries before a request is given up (then dead-lettered).
+        max_lifetime: the longest ``expires_at - created_at`` an async request may have.
+        workers: requests handled at once per intent and process.
+        callbacks: retries of HTTP(S) callbacks.
+    """
+
+    replicas: int = 1
+    ack_wait: float = 30.0
+    max_deliver: int = 20
+    max_lifetime: float = WEEK
+    workers: int = 16
+    callbacks: CallbackPolicy = field(default_factory=CallbackPolicy)
+
+
+async def ensure_streams(bus: Bus, config: DurableConfig) -> None:
+    """Create the request and result streams unless they exist."""
+    p = bus.subjects.prefix
+    await bus.transport.ensure_stream(
+        REQUESTS_STREAM, [f"{p}.durable.>"], replicas=config.replicas, max_age=WEEK
+    )
+    await bus.transport.ensure_stream(
+        RESULTS_STREAM, [f"{p}.results.>"], replicas=config.replicas, max_age=WEEK
+    )
+
+
+async def send(
+    bus: Bus,
+    intent: str,
+    payload: Any,
+    *,
+    reply_to: str | None = None,
+    ttl: float = 3600.0,
+    idempotency_key: str | None = None,
+    publish_timeout: float = 30.0,
+) -> Envelope:
+    """Queue an async request durably; returns the sealed request (its id: ``message_id``).
+
+    Publishing is retried (same ``Nats-Msg-Id``) until the server acknowledges it or
+    ``publish_timeout`` passes, so a stream leader lost mid-publish stores it once.
+
+    Raises:
+        TransportError: not acknowledged within ``publish_timeout``.
+    """
+    bus._check_open()
+    now = bus.now_ms()
+    env, body = bus._sealer.seal(
+        kind="request",
+        intent=intent,
+        payload=payload,
+        correlation_id=new_id(),
+        trace=new_trace(None),
+        created_at=now,
+        expires_at=now + int(ttl * 1000),
+        reply_to=reply_to or bus.subjects.results(bus.agent_id),
+        idempotency_key=idempotency_key or new_id(),
+    )
+    subject = bus.subjects.durable(intent)
+    loop = asyncio.get_running_loop()
+    give_up, pause = loop.time() + publish_timeout, 0.1
+    while True:
+        try:
+            await bus.transport.publish_durable(subject, body, msg_id=env.message_id)
+            return env
+        except TransportError as exc:
+            if loop.time() + pause > give_up:
+                raise
+            log.info("durable publish of %s not acknowledged (%s); retrying", env.message_id, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+class Results:
+    """This agent's async results, in the order they were stored; verified.
+
+    Iterate with ``async for reply in results``; a reply is acknowledged (removed from the
+    stream) when the next one is asked for, or at :meth:`close`, so a requester that dies
+    while handling one reads it again after a restart.
+    """
+
+    def __init__(self, bus: Bus, consumer: PullConsumer, verifier: Verifier) -> None:
+        self._bus, self._consumer, self._verifier = bus, consumer, verifier
+        self._unacked: JsMsg | None = None
+
+    @classmethod
+    async def open(cls, bus: Bus, config: DurableConfig | None = None) -> Results:
+        """Bind this agent's durable results consumer."""
+        config = config or DurableConfig()
+        await ensure_streams(bus, config)
+        consumer = await bus.transport.pull_consumer(
+            RESULTS_STREAM, f"ib-res-{bus.agent_id}", bus.subjects.results(bus.agent_id),
+            ack_wait=config.ack_wait, max_deliver=config.max_deliver,
+        )  # fmt: skip
+        return cls(bus, consumer, _long_verifier(bus, config))
+
+    async def next(self, timeout: float = 5.0) -> Envelope | None:
+        """The next verified result (None when none came within ``timeout``)."""
+        await self._ack_previous()
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        while loop.time() < until:
+            for msg in await self._consumer.fetch(1, timeout=max(0.05, until - loop.time())):
+                try:
+                    reply = self._verifier.verify(msg.data, self._bus.now_ms(), ("reply",))
+                except EnvelopeRejected as exc:
+                    log.warning("refused a result: %s", exc)
+                    await msg.term()
+                    continue
+                self._unacked = msg
+                return reply
+        return None
+
+    def __aiter__(self) -> Results:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        while True:
+            reply = await self.next(timeout=60.0)
+            if reply is not None:
+                return reply
+
+    async def _ack_previous(self) -> None:
+        msg, self._unacked = self._unacked, None
+        if msg is not None:
+            await msg.ack()
+
+    async def close(self) -> None:
+        """Acknowledge the last result handed out and stop pulling."""
+        await self._ack_previous()
+        await self._consumer.close()
+
+
+def _long_verifier(bus: Bus, config: DurableConfig) -> Verifier:
+    policy = VerificationPolicy(
+        skew_ms=bus.policy.skew_ms, max_lifetime_ms=int(config.max_lifetime * 1000)
+    )
+    return Verifier(bus.trust, bus.agent_id, policy)
+
+
+class DurableExecutor:
+    """Serves async requests of some intents for one bus; owns its pulling tasks."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        config: DurableConfig,
+        idem: IdempotencyStore,
+        deliverer: Deliverer,
+        pending: KeyValue,
+    ) -> None:
+        self.bus, self.config, self._idem = bus, config, idem
+        self.deliverer, self.pending = deliverer, pending
+        self._verifier = _long_verifier(bus, config)
+        self._handlers: dict[str, Handler] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._consumers: list[PullConsumer] = []
+        self.executed = 0
+
+    async def serve(self, intent: str, handler: Handler) -> None:
+        """Start pulling async requests of ``intent``."""
+        if intent in self._handlers:
+            raise UsageError(f"intent {intent!r} is already served durably here")
+        self._handlers[intent] = handler
+        durable = f"ib-req-{intent.replace('.', '_')}"
+        consumer = await self.bus.transport.pull_consumer(
+            REQUESTS_STREAM, durable, self.bus.subjects.durable(intent),
+            ack_wait=self.config.ack_wait, max_deliver=self.config.max_deliver,
+        )  # fmt: skip
+        self._consumers.append(consumer)
+        loop = asyncio.get_running_loop()
+        for _ in range(self.config.workers):
+            task = loop.create_task(self._pull(consumer), name=f"intentbus-durable-{intent}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pull(self, consumer: PullConsumer) -> None:
+        while True:
+            try:
+                msgs = await consumer.fetch(1, timeout=1.0)
+            except TransportError as exc:
+                log.info("pull failed (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                try:
+                    await self._process(msg)
+                except TransportError as exc:  # not acknowledged: it comes back
+                    log.warning("async request left for redelivery: %s", exc)
+                except Exception:
+                    log.exception("async request processing failed; left for redelivery")
+
+    async def _process(self, msg: JsMsg) -> None:
+        now = self.bus.now_ms()
+        try:
+            env = self._verifier.verify(msg.data, now, ("request",))
+        except EnvelopeRejected as exc:
+            log.warning("refused an async request: %s", exc)
+            await msg.term()  # never executed, never redelivered
+            return
+        handler = self._handlers.get(env.intent)
+        key = self.key_of(env)
+        if handler is None or env.expires_at <= now:
+            error = ErrorInfo("no_handler" if handler is None else "deadline_exceeded", "not run")
+            await self._finish(msg, env, key, None, error)
+            return
+        lease = now + int(self.config.ack_wait * 1000)
+        claim = await self._idem.claim(key, lease, now, now + 1000)
+        if not claim.run:
+            if claim.result is None:  # another instance is on it: look again later
+                await msg.nak(delay=self.config.ack_wait / 4)
+                return
+            await self._resend(msg, env, key, claim.result)
+            return
+        await self._execute(msg, env, key, handler, None)
+
+    def key_of(self, env: Envelope) -> str:
+        """The idempotency key of an async request (once per intent group)."""
+        scope = f"d.{env.intent}"
+        return idem_key(scope, env.sender.agent_id, env.idempotency_key or env.message_id)
+
+    async def _execute(
+        self, msg: JsMsg | None, env: Envelope, key: str, handler: Handler, review: Review | None
+    ) -> str:
+        """Run the handler and settle the request: returns ``parked`` or ``done``."""
+        ticker = asyncio.get_running_loop().create_task(self._keep_alive(msg))
+        try:
+            self.executed += 1
+            timeout = (env.expires_at - self.bus.now_ms()) / 1000
+            async with asyncio.timeout(timeout):
+                result = await handler(env.payload, Context(self.bus, env, review))
+            error = None
+        except PendingReview as exc:
+            await self._park(env, key, exc)
+            if msg is not None:
+                await msg.ack()
+            return "parked"
+        except TimeoutError:
+            result, error = None, ErrorInfo("deadline_exceeded", "deadline passed")
+        except Exception as exc:
+            result, error = None, _as_error(exc)
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        await self._finish(msg, env, key, result, error)
+        return "done"
+
+    async def _keep_alive(self, msg: JsMsg | None) -> None:
+        while msg is not None:
+            await asyncio.sleep(self.config.ack_wait / 3)
+            with contextlib.suppress(TransportError):
+                await msg.in_progress()
+
+    async def _finish(
+        self, msg: JsMsg | None, env: Envelope, key: str, result: Any, error: ErrorInfo | None
+    ) -> None:
+        try:
+            await self._idem.finish(key, self._outcome(key, result, error))
+        except (TypeError, ValueError):  # not JSON: say so, to the cache and the requester
+            result, error = None, ErrorInfo("handler_error", "handler returned a non-JSON value")
+            await self._idem.finish(key, self._outcome(key, result, error))
+        await self._deliver(env, result, error, "final")
+        if msg is not None:
+            await msg.ack()
+
+    def _outcome(self, key: str, result: Any, error: ErrorInfo | None) -> dict[str, Any]:
+        outcome = {"payload": result, "error": error and error.to_dict()}
+        if self._idem.shared:
+            outcome = seal_outcome(key, outcome, self.bus.key)
+        return dict(outcome, status="final")
+
+    async def _resend(self, msg: JsMsg, env: Envelope, key: str, stored: dict[str, Any]) -> None:
+        if stored.get("status") == "parked":
+            await msg.ack()  # it waits for a reviewer, not for another run
+            return
+        if self._idem.shared and not verified_outcome(key, stored, self.bus.trust):
+            log.error("unverifiable recorded outcome for %s; leaving it unanswered", key)
+            await msg.term()
+            return
+        error = stored.get("error")
+        info = ErrorInfo(error["code"], error["message"], error.get("data")) if error else None
+        await self._deliver(env, stored.get("payload"), info, "final")
+        await msg.ack()
+
+    async def _park(self, env: Envelope, key: str, exc: PendingReview) -> None:
+        await self._idem.finish(key, {"status": "parked", "payload": None, "error": None})
+        entry = {"request_id": env.message_id, "intent": env.intent, "reason": exc.reason,
+                 "data": exc.data, "executor": self.bus.agent_id, "key": key,
+                 "requester": env.sender.agent_id, "parked_at": self.bus.now_ms(),
+                 "envelope": env.to_bytes().decode()}  # fmt: skip
+        await self.pending.put(env.message_id, orjson.dumps(entry))
+        info = {"reason": exc.reason, "data": exc.data}
+        await self._deliver(env, info, None, "pending_review")
+
+    async def _deliver(
+        self, env: Envelope, result: Any, error: ErrorInfo | None, stage: str
+    ) -> None:
+        if not env.reply_to:
+            return
+        now = self.bus.now_ms()
+        status = None if stage == "final" else stage
+        _, body = self.bus._sealer.seal(
+            kind="reply", intent=env.intent, payload=result, error=error, status=status,
+            correlation_id=env.correlation_id, trace=new_trace(env.trace), created_at=now,
+            expires_at=max(env.expires_at, now + 3_600_000), recipient=env.sender,
+            in_reply_to=env.message_id,
+        )  # fmt: skip
+        await self.deliverer.deliver(
+            env.reply_to, body, f"{env.message_id}:{stage}", env.message_id
+        )
+
+    async def close(self) -> None:
+        """Stop pulling; requests in flight are left for redelivery."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for consumer in self._consumers:
+            await consumer.close()
+        await self.deliverer.close()
+
+
+def _as_error(exc: Exception) -> ErrorInfo:
+    from .context import HandlerError
+    from .errors import RemoteError
+
+    if isinstance(exc, HandlerError):
+        return ErrorInfo(exc.code, exc.message, exc.data)
+    if isinstance(exc, RemoteError):
+        return ErrorInfo(
+            "upstream_error", exc.detail, {"origin": exc.sender, "origin_code": exc.code}
+        )
+    log.warning("async handler raised %s", exc, exc_info=True)
+    return ErrorInfo("handler_error", f"{type(exc).__name__}: {exc}")
