@@ -77,6 +77,7 @@ class Bus:
         clock: wall clock in seconds (inject in tests).
         directory: who serves what (a registry); needed for ``selector=`` requests.
         retry: the default retry policy of requests (attempts, or a RetryPolicy).
+        replicas: copies of the bus's KV buckets in a cluster (3 survives a node lost).
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class Bus:
         clock: Callable[[], float] = time.time,
         directory: Directory | None = None,
         retry: RetryPolicy | int = 3,
+        replicas: int = 1,
     ) -> None:
         if replay not in ("shared", "local"):
             raise UsageError(f"replay must be 'shared' or 'local', not {replay!r}")
@@ -108,6 +110,7 @@ class Bus:
         self.default_timeout = default_timeout
         self.call_timeouts = dict(CALL_TIMEOUTS, skill=default_timeout)
         self.retry = _retry_policy(retry)
+        self.replicas = replicas
         self.directory = directory
         self._clock = clock
         self._sealer = Sealer(key, framework)
@@ -119,6 +122,7 @@ class Bus:
         self._receiver: Receiver | None = None
         self._server: EmbeddedServer | None = None
         self._durable: DurableExecutor | None = None
+        self._streams_ready = False
         self.state = BusState.NEW
 
     @classmethod
@@ -198,8 +202,12 @@ class Bus:
         idem: IdempotencyStore
         ttl = self.policy.replay_window_ms / 1000
         if self.replay_mode == "shared":
-            replay = SharedReplayGuard(await self.transport.key_value(REPLAY_BUCKET, ttl=ttl))
-            kv = await self.transport.key_value(IDEMPOTENCY_BUCKET, ttl=ttl, storage="file")
+            n = self.replicas
+            replay_kv = await self.transport.key_value(REPLAY_BUCKET, ttl=ttl, replicas=n)
+            replay = SharedReplayGuard(replay_kv)
+            kv = await self.transport.key_value(
+                IDEMPOTENCY_BUCKET, ttl=ttl, storage="file", replicas=n
+            )
             idem = SharedIdempotency(kv, self.now_ms)
         else:
             replay, idem = LocalReplayGuard(), LocalIdempotency(self.now_ms, ttl)
@@ -414,7 +422,9 @@ class Bus:
             await ensure_streams(self, config)
             await self._ensure_replay(receiver)
             assert receiver.idempotency is not None
-            dead = await self.transport.key_value(DEAD_LETTERS_BUCKET, storage="file")
+            dead = await self.transport.key_value(
+                DEAD_LETTERS_BUCKET, storage="file", replicas=self.replicas
+            )
             prefix = f"{self.subjects.prefix}.results."
             deliverer = Deliverer(self.transport, prefix, dead, config.callbacks)
             self._durable = DurableExecutor(
@@ -423,14 +433,19 @@ class Bus:
         return self._durable
 
     async def _pending_bucket(self) -> KeyValue:
-        return await self.transport.key_value(PENDING_BUCKET, storage="file")
+        return await self.transport.key_value(
+            PENDING_BUCKET, storage="file", replicas=self.replicas
+        )
 
     async def send(self, intent: str, payload: Any, **options: Any) -> Envelope:
         """Queue an async request durably and return at once (see :func:`bus.durable.send`:
         ``reply_to`` subject or URL, ``ttl``, ``idempotency_key``). The returned
         envelope's ``message_id`` is the request id."""
         self._check_open()
-        await ensure_streams(self, options.pop("config", None) or DurableConfig())
+        config = options.pop("config", None) or DurableConfig()
+        if not self._streams_ready:  # once per bus, not a round trip per request
+            await ensure_streams(self, config)
+            self._streams_ready = True
         return await send(self, intent, payload, **options)
 
     async def results(self, config: DurableConfig | None = None) -> Results:

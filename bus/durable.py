@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -157,7 +158,13 @@ class Results:
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout
         while loop.time() < until:
-            for msg in await self._consumer.fetch(1, timeout=max(0.05, until - loop.time())):
+            try:
+                msgs = await self._consumer.fetch(1, timeout=max(0.05, until - loop.time()))
+            except TransportError as exc:  # e.g. the stream's leader is being re-elected
+                log.info("results fetch failed (%s); retrying", exc)
+                await asyncio.sleep(0.2)
+                continue
+            for msg in msgs:
                 try:
                     reply = self._verifier.verify(msg.data, self._bus.now_ms(), ("reply",))
                 except EnvelopeRejected as exc:
@@ -313,11 +320,14 @@ class DurableExecutor:
         self, msg: JsMsg | None, env: Envelope, key: str, result: Any, error: ErrorInfo | None
     ) -> None:
         try:
-            await self._idem.finish(key, self._outcome(key, result, error))
+            outcome = self._outcome(key, result, error)
         except (TypeError, ValueError):  # not JSON: say so, to the cache and the requester
             result, error = None, ErrorInfo("handler_error", "handler returned a non-JSON value")
-            await self._idem.finish(key, self._outcome(key, result, error))
-        await self._deliver(env, result, error, "final")
+            outcome = self._outcome(key, result, error)
+        # the outcome must be on record before anything else: else a redelivery would run
+        # the handler again. Through a leader election (seconds), keep trying.
+        await _persist(lambda: self._idem.finish(key, outcome))
+        await _persist(lambda: self._deliver(env, result, error, "final"))
         if msg is not None:
             await msg.ack()
 
@@ -375,6 +385,21 @@ class DurableExecutor:
         for consumer in self._consumers:
             await consumer.close()
         await self.deliverer.close()
+
+
+async def _persist(op: Callable[[], Awaitable[None]], patience: float = 60.0) -> None:
+    """Run ``op`` until it succeeds, backing off on transport errors, for ``patience`` s."""
+    loop = asyncio.get_running_loop()
+    give_up, pause = loop.time() + patience, 0.1
+    while True:
+        try:
+            await op()
+            return
+        except TransportError:
+            if loop.time() + pause > give_up:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 def _as_error(exc: Exception) -> ErrorInfo:

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import orjson
 
 from .canonical import canonicalize
+from .errors import TransportError
+from .ids import new_id
 from .keys import KeyPair, b64url_decode, b64url_encode
 from .transport.base import KeyValue
 from .transport.memory import MemoryKeyValue
@@ -111,14 +113,23 @@ class _KVStore:
         self._clock_ms = clock_ms
 
     async def claim(self, key: str, lease_until_ms: int, now_ms: int, wait_until_ms: int) -> Claim:
-        pending = orjson.dumps({"state": "pending", "until": lease_until_ms})
+        owner = new_id()  # tells our own claim apart when a create's answer was lost
+        pending = orjson.dumps({"state": "pending", "until": lease_until_ms, "owner": owner})
         while True:
-            if await self._kv.create(key, pending):
-                return Claim(run=True)
+            try:
+                if await self._kv.create(key, pending):
+                    return Claim(run=True)
+            except TransportError:
+                if self._clock_ms() >= wait_until_ms:
+                    raise
+                await asyncio.sleep(POLL_SECONDS)
+                continue  # the create may or may not have been stored: look
             raw = await self._kv.get(key)
             if raw is None:
                 continue  # released or expired between the two calls: claim again
             state = orjson.loads(raw)
+            if state.get("owner") == owner:
+                return Claim(run=True)
             if state.get("state") == "done":
                 return Claim(run=False, result=state)
             now = self._clock_ms()
