@@ -77,6 +77,7 @@ class Agent:
         self.use_registry, self.operators = registry, list(operators)
         self.endorsement, self.ttl, self.card = endorsement, ttl, card
         self._handlers: dict[str, tuple[Handler, str | None]] = {}
+        self._durable: dict[str, tuple[Handler, set[str] | None]] = {}
         self._bus: Bus | None = None
         self.registry: Registry | None = None
 
@@ -97,14 +98,27 @@ class Agent:
             raise UsageError(f"agent {self.agent_id!r} is not started")
         return self._bus
 
-    def handles(self, intent: str, *, queue: str | None = None) -> Callable[[Handler], Handler]:
-        """Decorator: serve ``intent`` with the decorated coroutine function."""
+    def handles(
+        self,
+        intent: str,
+        *,
+        queue: str | None = None,
+        durable: bool = False,
+        reviewers: set[str] | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: serve ``intent`` with the decorated coroutine function.
+
+        With ``durable`` it serves async requests (``bus.send``) from the durable stream
+        too; ``reviewers`` limits who may approve the requests it parks.
+        """
         validate_intent(intent)
 
         def register(fn: Handler) -> Handler:
             if intent in self._handlers:
                 raise UsageError(f"intent {intent!r} is declared twice on {self.agent_id!r}")
             self._handlers[intent] = (fn, queue)
+            if durable:
+                self._durable[intent] = (fn, reviewers)
             return fn
 
         return register
@@ -130,6 +144,8 @@ class Agent:
         try:
             for intent, (fn, queue) in self._handlers.items():
                 await bus.handle(intent, fn, queue=queue)
+            for intent, (fn, reviewers) in self._durable.items():
+                await bus.serve_durable(intent, fn, reviewers=reviewers)
             if self.use_registry:
                 await self._register(bus)
         except BaseException:

@@ -38,7 +38,8 @@ from registry import Registry, parse_selector
 
 from .agent import wait_for_signal
 from .cli_agents import add_agents_parser, run_agents
-from .demo import build_demo_agents, run_scenario
+from .cli_patterns import add_pattern_parsers, run_fanout, run_pending, run_send
+from .demo import build_demo_agents, run_patterns, run_scenario
 
 __all__ = ["main"]
 
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     req.add_argument("--trust", action="append", default=[], help="keys whose replies to accept")
 
     add_agents_parser(sub, nats_default)
+    add_pattern_parsers(sub, nats_default)
 
     demo = sub.add_parser("demo", help="run the demo ensemble once and print every hop")
     demo.add_argument("--nats", default=nats_default, help="NATS URL; embedded server when omitted")
@@ -212,6 +214,7 @@ async def _demo(args: argparse.Namespace) -> int:
             stack.push_async_callback(agent.stop)
             _say(f"  {agent.agent_id} up, serving {', '.join(agent.intents) or 'nothing'}")
         await run_scenario(agents[0], _say)
+        await run_patterns(agents[0], _say)
     _say("demo done: every message above was signed, verified and replay-checked.")
     return 0
 
@@ -226,4 +229,28 @@ async def _agents(args: argparse.Namespace) -> int:
         return 1
 
 
-_COMMANDS: dict[str, Any] = {"up": _up, "request": _request, "demo": _demo, "agents": _agents}
+def _pattern(run: Any) -> Any:
+    async def command(args: argparse.Namespace) -> int:
+        try:
+            code: int = await run(args, _trusted)
+            return code
+        except ValueError as exc:  # bad JSON payload and the like: the caller's input
+            raise CliError(str(exc)) from None
+        except BusError as exc:
+            if isinstance(exc, UsageError):
+                raise
+            print(f"intentbus: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+
+    return command
+
+
+_COMMANDS: dict[str, Any] = {
+    "up": _up,
+    "request": _request,
+    "demo": _demo,
+    "agents": _agents,
+    "fanout": _pattern(run_fanout),
+    "send": _pattern(run_send),
+    "pending": _pattern(run_pending),
+}

@@ -3,6 +3,8 @@
 * ``executor-1`` serves ``demo.echo`` (replies with the payload it received) and
   ``task.execute`` (asks ``facts.lookup`` first: a two-hop conversation);
 * ``facts-1`` serves ``facts.lookup``;
+* both serve ``quote.get`` (for fan-out), and ``executor-1`` serves ``order.place`` as
+  an async (durable) request, parking orders above 1,000 for a reviewer (the planner);
 * ``planner`` serves nothing; it is the caller in :func:`run_scenario`.
 """
 
@@ -17,6 +19,7 @@ from bus import (
     HandlerError,
     NoExecutorError,
     NoRespondersError,
+    PendingReview,
     PublicKey,
     RemoteError,
     Sealer,
@@ -26,9 +29,10 @@ from bus.envelope import decode
 
 from .agent import Agent
 
-__all__ = ["build_demo_agents", "run_scenario"]
+__all__ = ["build_demo_agents", "run_patterns", "run_scenario"]
 
 Say = Callable[[str], None]
+ORDER_LIMIT = 1000
 FACTS = {"nats": "a subject-based messaging system", "ed25519": "a signature scheme"}
 
 
@@ -71,6 +75,22 @@ def build_demo_agents(say: Say, extra_trust: Iterable[PublicKey] = ()) -> list[A
         if q not in FACTS:
             raise HandlerError("facts.unknown", f"no fact about {q!r}")
         return {"fact": FACTS[q]}
+
+    prices = {executor.agent_id: 101, facts.agent_id: 99}
+    for agent in (executor, facts):
+
+        @agent.handles("quote.get")
+        async def quote(payload: Any, ctx: Context, me: str = agent.agent_id) -> Any:
+            _hop(say, me, ctx)
+            return {"price": prices[me], "by": me}
+
+    @executor.handles("order.place", durable=True, reviewers={"planner"})
+    async def place(payload: Any, ctx: Context) -> Any:
+        _hop(say, executor.agent_id, ctx)
+        amount = int(payload.get("amount", 0)) if isinstance(payload, dict) else 0
+        if amount > ORDER_LIMIT and not (ctx.review and ctx.review.approved):
+            raise PendingReview(f"order of {amount} is over the limit of {ORDER_LIMIT}")
+        return {"placed": amount, "approved_by": ctx.review.by if ctx.review else None}
 
     return [planner, executor, facts]
 
@@ -143,3 +163,36 @@ async def run_scenario(planner: Agent, say: Say) -> None:
         await bus.request("demo.missing", {}, timeout=5)
     except NoRespondersError as exc:
         say(f"  [planner] <- {type(exc).__name__}: {exc}")
+
+
+async def run_patterns(planner: Agent, say: Say) -> None:
+    """Fan-out/fan-in and async requests with a review, printing every hop."""
+    bus = planner.bus
+    say("7. fan-out: quote.get to every env=demo executor, gathered with policy all")
+    result = await bus.fan_out("quote.get", {"item": "gpu-hour"}, selector="env=demo", timeout=5)
+    for got in result.replies:
+        say(f"  [planner] <- {got.agent_id}: {got.payload} (verified)")
+    cheapest = min(result.value, key=lambda q: q["price"])
+    say(f"  [planner] expected {result.expected}, missing {result.missing or '-'};"
+        f" cheapest: {cheapest['by']} at {cheapest['price']}")  # fmt: skip
+
+    say("8. async request with callback: order.place is queued durably, the result comes later")
+    results = await bus.results()
+    small = await bus.send("order.place", {"amount": 50})
+    say(f"  [planner] queued {small.message_id[:8]}, returned at once")
+    reply = await results.next(timeout=10)
+    if reply is not None:
+        say(f"  [planner] <- result of {(reply.in_reply_to or '')[:8]}: {reply.payload}")
+
+    say("9. pending_review: an order over the limit waits for a person (here: the planner)")
+    big = await bus.send("order.place", {"amount": 5000})
+    interim = await results.next(timeout=10)
+    if interim is not None:
+        say(f"  [planner] <- {interim.status}: {interim.payload['reason']}")
+    for entry in await bus.pending():
+        say(f"  pending: {entry['request_id'][:8]} {entry['intent']} ({entry['reason']})")
+    await bus.review(big.message_id, approve=True, note="approved in the demo")
+    final = await results.next(timeout=10)
+    if final is not None:
+        say(f"  [planner] <- {final.status}: {final.payload}")
+    await results.close()

@@ -57,8 +57,14 @@ class DurableConfig:
 
     Attributes:
         replicas: stream replicas (3 on a 3-node cluster survives one node lost).
-        ack_wait: seconds before an unacknowledged request is redelivered.
-        max_deliver: deliveries before a request is given up (then dead-lettered).
+        ack_wait: seconds before an unacknowledged request is redelivered (the executor
+            working on it keeps it in progress, so this is how soon a dead executor's
+            request moves on).
+        lease: how long an executor's claim on a request holds without renewal; longer
+            than a stream leader election (3.5-9 s measured), so a live executor cut off
+            for a moment keeps its claim and nothing runs twice.
+        max_deliver: deliveries before a request is given up; -1 (default): never, so
+            accepted work is not dropped (unverifiable requests are terminated at once).
         max_lifetime: the longest ``expires_at - created_at`` an async request may have.
         workers: requests handled at once per intent and process.
         callbacks: retries of HTTP(S) callbacks.
@@ -66,7 +72,8 @@ class DurableConfig:
 
     replicas: int = 1
     ack_wait: float = 30.0
-    max_deliver: int = 20
+    lease: float = 30.0
+    max_deliver: int = -1
     max_lifetime: float = WEEK
     workers: int = 16
     callbacks: CallbackPolicy = field(default_factory=CallbackPolicy)
@@ -268,15 +275,15 @@ class DurableExecutor:
             error = ErrorInfo("no_handler" if handler is None else "deadline_exceeded", "not run")
             await self._finish(msg, env, key, None, error)
             return
-        lease = now + int(self.config.ack_wait * 1000)
+        lease = now + int(self.config.lease * 1000)
         claim = await self._idem.claim(key, lease, now, now + 1000)
         if not claim.run:
             if claim.result is None:  # another instance is on it: look again later
-                await msg.nak(delay=self.config.ack_wait / 4)
+                await msg.nak(delay=self.config.ack_wait / 2)
                 return
             await self._resend(msg, env, key, claim.result)
             return
-        await self._execute(msg, env, key, handler, None)
+        await self._execute(msg, env, key, handler, None, claim.owner)
 
     def key_of(self, env: Envelope) -> str:
         """The idempotency key of an async request (once per intent group)."""
@@ -284,10 +291,30 @@ class DurableExecutor:
         return idem_key(scope, env.sender.agent_id, env.idempotency_key or env.message_id)
 
     async def _execute(
+        self,
+        msg: JsMsg | None,
+        env: Envelope,
+        key: str,
+        handler: Handler,
+        review: Review | None,
+        owner: str = "",
+    ) -> str:
+        """Run the handler and settle the request: returns ``parked`` or ``done``.
+
+        Until the request is settled (outcome recorded, delivered, acknowledged) the
+        message is kept in progress and the claim renewed: nobody else runs it meanwhile.
+        """
+        ticker = asyncio.get_running_loop().create_task(self._keep_alive(msg, key, owner))
+        try:
+            return await self._run_and_settle(msg, env, key, handler, review)
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+
+    async def _run_and_settle(
         self, msg: JsMsg | None, env: Envelope, key: str, handler: Handler, review: Review | None
     ) -> str:
-        """Run the handler and settle the request: returns ``parked`` or ``done``."""
-        ticker = asyncio.get_running_loop().create_task(self._keep_alive(msg))
         try:
             self.executed += 1
             timeout = (env.expires_at - self.bus.now_ms()) / 1000
@@ -303,18 +330,20 @@ class DurableExecutor:
             result, error = None, ErrorInfo("deadline_exceeded", "deadline passed")
         except Exception as exc:
             result, error = None, _as_error(exc)
-        finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
         await self._finish(msg, env, key, result, error)
         return "done"
 
-    async def _keep_alive(self, msg: JsMsg | None) -> None:
-        while msg is not None:
-            await asyncio.sleep(self.config.ack_wait / 3)
+    async def _keep_alive(self, msg: JsMsg | None, key: str, owner: str) -> None:
+        every = min(self.config.ack_wait, self.config.lease) / 3
+        while True:
+            await asyncio.sleep(every)
             with contextlib.suppress(TransportError):
-                await msg.in_progress()
+                if msg is not None:
+                    await msg.in_progress()
+            with contextlib.suppress(TransportError):
+                if owner:
+                    lease = self.bus.now_ms() + int(self.config.lease * 1000)
+                    await self._idem.renew(key, owner, lease)
 
     async def _finish(
         self, msg: JsMsg | None, env: Envelope, key: str, result: Any, error: ErrorInfo | None

@@ -78,6 +78,7 @@ class Claim:
 
     run: bool
     result: dict[str, Any] | None = None
+    owner: str = ""
 
 
 class IdempotencyStore(Protocol):
@@ -94,6 +95,10 @@ class IdempotencyStore(Protocol):
 
         Returns ``Claim(run=False)`` with no result when the wait ran out.
         """
+        ...
+
+    async def renew(self, key: str, owner: str, lease_until_ms: int) -> None:
+        """Extend the lease of a claim we hold."""
         ...
 
     async def finish(self, key: str, result: dict[str, Any]) -> None:
@@ -118,7 +123,7 @@ class _KVStore:
         while True:
             try:
                 if await self._kv.create(key, pending):
-                    return Claim(run=True)
+                    return Claim(run=True, owner=owner)
             except TransportError:
                 if self._clock_ms() >= wait_until_ms:
                     raise
@@ -129,7 +134,7 @@ class _KVStore:
                 continue  # released or expired between the two calls: claim again
             state = orjson.loads(raw)
             if state.get("owner") == owner:
-                return Claim(run=True)
+                return Claim(run=True, owner=owner)
             if state.get("state") == "done":
                 return Claim(run=False, result=state)
             now = self._clock_ms()
@@ -139,6 +144,15 @@ class _KVStore:
             if now >= wait_until_ms:
                 return Claim(run=False)
             await asyncio.sleep(POLL_SECONDS)
+
+    async def renew(self, key: str, owner: str, lease_until_ms: int) -> None:
+        """Extend our claim's lease while the work goes on (no-op if it is not ours)."""
+        raw = await self._kv.get(key)
+        if raw is not None:
+            state = orjson.loads(raw)
+            if state.get("state") == "pending" and state.get("owner") == owner:
+                state["until"] = lease_until_ms
+                await self._kv.put(key, orjson.dumps(state))
 
     async def finish(self, key: str, result: dict[str, Any]) -> None:
         await self._kv.put(key, orjson.dumps(dict(result, state="done")))

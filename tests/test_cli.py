@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,31 @@ def test_up_then_request_then_clean_shutdown(fleet: dict[str, Any]) -> None:
     )
     assert [r["agent_id"] for r in json.loads(hermes.stdout)] == ["executor-1"]
     shown = run("agents", "show", "facts-1", "--nats", url)
-    assert json.loads(shown.stdout)["intents"] == ["facts.lookup"]
+    assert json.loads(shown.stdout)["intents"] == ["facts.lookup", "quote.get"]
     missing = run("agents", "show", "nobody", "--nats", url)
     assert missing.returncode == 1 and "no live agent" in missing.stderr
+
+    keyed = ["--key", fleet["key"], "--nats", url, "--trust", fleet["trust"]]
+    fan = run("fanout", "quote.get", "{}", "-l", "env=demo", "--json", *keyed)
+    assert fan.returncode == 0, fan.stderr
+    gathered = json.loads(fan.stdout)
+    assert gathered["satisfied"] and gathered["missing"] == []
+    assert sorted(r["agent_id"] for r in gathered["replies"]) == ["executor-1", "facts-1"]
+
+    sent = run("send", "order.place", '{"amount": 5000}', *keyed)
+    assert sent.returncode == 0, sent.stderr
+    request_id = json.loads(sent.stdout)["request_id"]
+    for _ in range(50):
+        listed = json.loads(run("pending", "ls", "--json", *keyed).stdout)
+        if any(e["request_id"] == request_id for e in listed):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the order was never parked")
+    refused = run("pending", "approve", request_id, *keyed)  # only the planner may review
+    assert refused.returncode == 1 and "review.forbidden" in refused.stderr
+    unknown = run("pending", "decline", "0" * 32, *keyed)
+    assert unknown.returncode == 2 and "no parked request" in unknown.stderr
 
     failed = run("request", "task.execute", '{"q": "quantum"}', *common)
     assert failed.returncode == 1 and "facts.unknown" in failed.stderr

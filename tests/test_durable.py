@@ -23,7 +23,9 @@ from bus import (
 )
 from bus.callbacks import DEAD_LETTERS_BUCKET
 
-FAST = DurableConfig(ack_wait=1.0, workers=2, callbacks=CallbackPolicy(attempts=4, base=0.05))
+FAST = DurableConfig(
+    ack_wait=1.0, lease=2.0, workers=2, callbacks=CallbackPolicy(attempts=4, base=0.05)
+)
 
 
 @pytest.fixture
