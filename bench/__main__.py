@@ -13,6 +13,7 @@ import asyncio
 
 from bus import EmbeddedServer
 
+from . import patterns as patterns_bench
 from . import registry as registry_bench
 from .crypto import crypto_costs, envelope_canonical_bytes
 from .roundtrip import Result, bus_rr, faststream_rr, raw_nats
@@ -37,6 +38,7 @@ async def _run(n_seq: int, n_par: int) -> None:
             results += await bus_rr(server.url, replay, n_seq, n_par)
             results += await bus_rr(server.url, replay, n_seq, n_par, idempotent=True)
         registry_figures = await registry_bench.run(server.url)
+    pattern_figures = await patterns_bench.run()
     print()
     _table(results)
     by = {(r.name, r.mode): r for r in results}
@@ -58,6 +60,7 @@ async def _run(n_seq: int, n_par: int) -> None:
     if fs:
         print(f"  FastStream {fs.cpu_us:.1f} µs/rt = {fs.cpu_us / raw:.2f} x raw nats-py")
     registry_bench.report(registry_figures)
+    patterns_bench.report(pattern_figures, verify)
 
 
 def main() -> None:

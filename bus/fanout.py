@@ -149,9 +149,13 @@ class FanOutResult:
 
 
 class _Gather:
+    """Counts as replies arrive, so each decision is O(1), not a pass over the replies."""
+
     def __init__(self, result: FanOutResult, validator: Callable[[Any], bool] | None) -> None:
         self.result, self.validator = result, validator
         self.done = asyncio.Event()
+        self.good = 0
+        self.left = None if result.expected is None else len(result.expected)
 
     def collect(self, reply: Envelope | None) -> None:
         result = self.result
@@ -159,18 +163,17 @@ class _Gather:
             result.no_responders = True
             self.done.set()
             return
-        valid = reply.error is None and (
-            self.validator is None or _safe(self.validator, reply.payload)
-        )
+        check = self.validator
+        valid = reply.error is None and (check is None or _safe(check, reply.payload))
         result.replies.append(FanOutReply(reply.sender.agent_id, reply, valid))
+        self.good += valid
+        if self.left is not None:
+            self.left -= 1  # the inbox admits only audience members, one reply each
         if self._decided():
             self.done.set()
 
     def _decided(self) -> bool:
-        result, policy = self.result, self.result.policy
-        good = len(result.ok)
-        expected = result.expected
-        left = None if expected is None else len(result.missing)
+        result, policy, good, left = self.result, self.result.policy, self.good, self.left
         if policy.kind == "first":
             result.satisfied = good >= 1
             return result.satisfied or left == 0
