@@ -168,6 +168,8 @@ class Results:
             try:
                 msgs = await self._consumer.fetch(1, timeout=max(0.05, until - loop.time()))
             except TransportError as exc:  # e.g. the stream's leader is being re-elected
+                if _cancelling():
+                    raise asyncio.CancelledError from exc
                 log.info("results fetch failed (%s); retrying", exc)
                 await asyncio.sleep(0.2)
                 continue
@@ -226,6 +228,7 @@ class DurableExecutor:
         self._handlers: dict[str, Handler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._consumers: list[PullConsumer] = []
+        self._closing = False
         self.executed = 0
 
     async def serve(self, intent: str, handler: Handler) -> None:
@@ -246,10 +249,14 @@ class DurableExecutor:
             task.add_done_callback(self._tasks.discard)
 
     async def _pull(self, consumer: PullConsumer) -> None:
-        while True:
+        while not self._closing:
             try:
                 msgs = await consumer.fetch(1, timeout=1.0)
             except TransportError as exc:
+                # nats-py may turn a cancellation into a connection error: check, or a
+                # close would wait on a task that swallowed its own cancellation
+                if self._closing or _cancelling():
+                    return
                 log.info("pull failed (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -406,14 +413,24 @@ class DurableExecutor:
             env.reply_to, body, f"{env.message_id}:{stage}", env.message_id
         )
 
-    async def close(self) -> None:
-        """Stop pulling; requests in flight are left for redelivery."""
-        for task in list(self._tasks):
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop pulling; requests in flight are left for redelivery (bounded by ``timeout``)."""
+        self._closing = True
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=timeout)
+            for task in stuck:
+                log.error("durable worker %s did not stop within %ss", task.get_name(), timeout)
         for consumer in self._consumers:
             await consumer.close()
         await self.deliverer.close()
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _persist(op: Callable[[], Awaitable[None]], patience: float = 60.0) -> None:

@@ -40,20 +40,20 @@ async def test_no_responders_is_retried_until_an_executor_appears(
     make_bus: BusFactory, keys: dict[str, KeyPair]
 ) -> None:
     planner = await make_bus(keys["planner"], trust=[keys["executor"].public])
+    executor = await make_bus(keys["executor"], trust=[keys["planner"].public], replay="local")
     with pytest.raises(NoRespondersError):
         await planner.request("late.start", {}, timeout=2, retry=1)
 
+    async def ok(payload: Any, ctx: Context) -> Any:
+        return "up"
+
     async def start_late() -> None:
         await asyncio.sleep(0.15)
-        executor = await make_bus(keys["executor"], trust=[keys["planner"].public])
-
-        async def ok(payload: Any, ctx: Context) -> Any:
-            return "up"
-
         await executor.handle("late.start", ok)
 
+    patient = RetryPolicy(attempts=30, base=0.05, cap=0.3)  # ~4 s of attempts at most
     reply, _ = await asyncio.gather(
-        planner.request("late.start", {}, timeout=2, retry=FAST), start_late()
+        planner.request("late.start", {}, timeout=2, retry=patient), start_late()
     )
     assert reply.payload == "up"
 

@@ -35,6 +35,8 @@ log = logging.getLogger("intentbus.transport")
 
 #: Per-subscription buffer before nats-py reports a slow consumer and drops.
 PENDING_MSGS = 65_536
+#: Seconds ``close`` lets subscriptions drain before it closes anyway (nats-py: 30).
+DRAIN_TIMEOUT = 5
 #: How long the server keeps the delete marker it places when a key's TTL lapses.
 MARKER_TTL = 60.0
 
@@ -70,6 +72,7 @@ async def connect(url: str, *, name: str = "intentbus", reconnect: bool = True) 
             connect_timeout=5,
             error_cb=on_error,
             reconnected_cb=on_reconnect,
+            drain_timeout=DRAIN_TIMEOUT,
         )
     except (OSError, nats.errors.Error) as exc:
         raise TransportError(f"cannot connect to NATS at {url}: {exc}") from exc
