@@ -163,6 +163,8 @@ class _Gather:
             result.no_responders = True
             self.done.set()
             return
+        if reply.error is not None and reply.error.code == "deadline_exceeded":
+            return  # its handler ran out of time at our deadline: it did not answer
         check = self.validator
         valid = reply.error is None and (check is None or _safe(check, reply.payload))
         result.replies.append(FanOutReply(reply.sender.agent_id, reply, valid))
