@@ -8,6 +8,7 @@ deadline, so a conversation stays threaded with no effort from the author.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,13 +74,27 @@ class Review:
 class Context:
     """Per-request view handed to a handler as its second argument."""
 
-    __slots__ = ("bus", "envelope", "review")
+    __slots__ = ("_progress", "bus", "envelope", "review")
 
-    def __init__(self, bus: Bus, envelope: Envelope, review: Review | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        envelope: Envelope,
+        review: Review | None = None,
+        progress: Callable[[Any], Awaitable[None]] | None = None,
+    ) -> None:
         self.bus = bus
         self.envelope = envelope
         #: Set when a parked request runs again after a reviewer's decision.
         self.review = review
+        self._progress = progress
+
+    async def progress(self, data: Any) -> None:
+        """Tell the requester how an async request is going: a signed reply with status
+        ``working`` and ``data`` as payload goes to its ``reply_to``. A no-op for
+        request/reply, where the one reply is the result."""
+        if self._progress is not None:
+            await self._progress(data)
 
     @property
     def sender(self) -> str:

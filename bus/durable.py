@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -325,8 +326,13 @@ class DurableExecutor:
         try:
             self.executed += 1
             timeout = (env.expires_at - self.bus.now_ms()) / 1000
+            steps = itertools.count(1)
+
+            async def progress(data: Any) -> None:
+                await self._deliver(env, data, None, f"working:{next(steps)}")
+
             async with asyncio.timeout(timeout):
-                result = await handler(env.payload, Context(self.bus, env, review))
+                result = await handler(env.payload, Context(self.bus, env, review, progress))
             error = None
         except PendingReview as exc:
             await self._park(env, key, exc)
@@ -402,7 +408,7 @@ class DurableExecutor:
         if not env.reply_to:
             return
         now = self.bus.now_ms()
-        status = None if stage == "final" else stage
+        status = None if stage == "final" else stage.split(":")[0]
         _, body = self.bus._sealer.seal(
             kind="reply", intent=env.intent, payload=result, error=error, status=status,
             correlation_id=env.correlation_id, trace=new_trace(env.trace), created_at=now,

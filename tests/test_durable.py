@@ -238,3 +238,25 @@ async def test_durable_streams_need_a_real_server() -> None:
     with pytest.raises(TransportError, match="real nats-server"):
         await bus.send("order.place", {})
     await bus.close()
+
+
+async def test_progress_reaches_the_requester_before_the_result(connect: Any) -> None:
+    async def crunch(payload: Any, ctx: Context) -> Any:
+        await ctx.progress({"done": 0.5})
+        await ctx.progress({"done": 0.9})
+        return {"rows": 42}
+
+    executor = await connect("exec-a")
+    await executor.serve_durable("data.crunch", crunch, config=FAST)
+    planner = await connect("planner")
+    request = await planner.send("data.crunch", {})
+    results = await planner.results(FAST)
+    seen = []
+    while not seen or seen[-1].status == "working":
+        reply = await results.next(timeout=10)
+        assert reply is not None and reply.in_reply_to == request.message_id
+        seen.append(reply)
+    assert [(r.status, r.payload) for r in seen] == [
+        ("working", {"done": 0.5}), ("working", {"done": 0.9}), ("ok", {"rows": 42})
+    ]  # fmt: skip
+    await results.close()
