@@ -34,11 +34,17 @@ from bus import (
 )
 from bus.keyfile import public_key_json
 from bus.subjects import validate_agent_id, validate_intent
-from registry import Registry, parse_selector
+from registry import parse_selector
 
 from .agent import wait_for_signal
 from .cli_agents import add_agents_parser, run_agents
-from .cli_patterns import add_pattern_parsers, run_fanout, run_pending, run_send
+from .cli_patterns import (
+    add_pattern_parsers,
+    directory_for,
+    run_fanout,
+    run_pending,
+    run_send,
+)
 from .demo import build_demo_agents, run_patterns, run_scenario
 
 __all__ = ["main"]
@@ -178,20 +184,13 @@ async def _request(args: argparse.Namespace) -> int:
     if args.selector is not None:
         parse_selector(args.selector)  # bad input: exit 2 before connecting
     try:
-        async with await Bus.connect(args.nats, key=key, trust=trust) as bus:
-            if args.selector is not None:
-                bus.directory = await Registry.open(bus.transport, trust=bus.trust)
-            try:
-                reply = await bus.request(
-                    args.intent,
-                    payload,
-                    timeout=args.timeout,
-                    agent=args.agent,
-                    selector=args.selector,
-                )
-            finally:
-                if isinstance(bus.directory, Registry):
-                    await bus.directory.close()
+        async with (
+            await Bus.connect(args.nats, key=key, trust=trust) as bus,
+            directory_for(bus, args.selector),
+        ):
+            reply = await bus.request(
+                args.intent, payload, timeout=args.timeout, agent=args.agent, selector=args.selector
+            )
     except RemoteError as exc:
         print(f"error {exc.code}: {exc.detail}", file=sys.stderr)
         return 1

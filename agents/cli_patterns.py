@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from bus import Bus, BusError, UsageError, load_key
 from registry import Registry, parse_selector
 
-__all__ = ["add_pattern_parsers", "run_fanout", "run_pending", "run_send"]
+__all__ = ["add_pattern_parsers", "directory_for", "run_fanout", "run_pending", "run_send"]
 
 
 def _common(p: argparse.ArgumentParser, nats_default: str | None) -> None:
@@ -49,6 +51,21 @@ def add_pattern_parsers(sub: Any, nats_default: str | None) -> None:
         _common(p, nats_default)
 
 
+@asynccontextmanager
+async def directory_for(bus: Bus, selector: str | None) -> AsyncIterator[None]:
+    """With a selector, attach a registry to ``bus`` for the block (closed after it)."""
+    if selector is None:
+        yield
+        return
+    registry = await Registry.open(bus.transport, trust=bus.trust)
+    bus.directory = registry
+    try:
+        yield
+    finally:
+        bus.directory = None
+        await registry.close()
+
+
 def _payload(text: str) -> Any:
     try:
         return json.loads(text)
@@ -65,20 +82,10 @@ async def run_fanout(args: argparse.Namespace, trusted: Any) -> int:
     payload = _payload(args.payload)
     if args.selector is not None:
         parse_selector(args.selector)
-    async with await _bus(args, trusted) as bus:
-        if args.selector is not None:
-            bus.directory = await Registry.open(bus.transport, trust=bus.trust)
-        try:
-            result = await bus.fan_out(
-                args.intent,
-                payload,
-                selector=args.selector,
-                policy=args.policy,
-                timeout=args.timeout,
-            )
-        finally:
-            if isinstance(bus.directory, Registry):
-                await bus.directory.close()
+    async with await _bus(args, trusted) as bus, directory_for(bus, args.selector):
+        result = await bus.fan_out(
+            args.intent, payload, selector=args.selector, policy=args.policy, timeout=args.timeout
+        )
     rows = [
         {"agent_id": r.agent_id, "ok": r.error is None, "payload": r.payload,
          "error": r.error.to_dict() if r.error else None}
