@@ -49,6 +49,7 @@ log = logging.getLogger("intentbus.bus")
 ReplayMode = Literal["shared", "local"]
 REPLAY_BUCKET = "intentbus_replay"
 IDEMPOTENCY_BUCKET = "intentbus_idempotency"
+DURABLE_IDEMPOTENCY_BUCKET = "intentbus_durable_outcomes"
 
 
 class BusState(enum.Enum):
@@ -421,16 +422,27 @@ class Bus:
             config = config or DurableConfig()
             await ensure_streams(self, config)
             await self._ensure_replay(receiver)
-            assert receiver.idempotency is not None
+            idem = await self._durable_idempotency(config)
             dead = await self.transport.key_value(
                 DEAD_LETTERS_BUCKET, storage="file", replicas=self.replicas
             )
             prefix = f"{self.subjects.prefix}.results."
             deliverer = Deliverer(self.transport, prefix, dead, config.callbacks)
             self._durable = DurableExecutor(
-                self, config, receiver.idempotency, deliverer, await self._pending_bucket()
+                self, config, idem, deliverer, await self._pending_bucket()
             )
         return self._durable
+
+    async def _durable_idempotency(self, config: DurableConfig) -> IdempotencyStore:
+        # outcomes of async requests must outlive their lifetime (up to a week), so a
+        # re-published copy finds them: a bucket of its own, with that TTL
+        ttl = config.max_lifetime + 2 * self.policy.skew_ms / 1000
+        if self.replay_mode != "shared":
+            return LocalIdempotency(self.now_ms, ttl)
+        kv = await self.transport.key_value(
+            DURABLE_IDEMPOTENCY_BUCKET, ttl=ttl, storage="file", replicas=self.replicas
+        )
+        return SharedIdempotency(kv, self.now_ms)
 
     async def _pending_bucket(self) -> KeyValue:
         return await self.transport.key_value(

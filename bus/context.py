@@ -119,10 +119,18 @@ class Context:
         timeout: float | None = None,
         agent: str | None = None,
         selector: str | None = None,
+        **options: Any,
     ) -> Envelope:
-        """:meth:`Bus.request` within this conversation (see the module docstring)."""
+        """:meth:`Bus.request` within this conversation (see the module docstring);
+        ``options`` are its other keywords (``call``, ``retry``, ``idempotency_key``)."""
         return await self.bus.request(
-            intent, payload, timeout=timeout, agent=agent, selector=selector, parent=self.envelope
+            intent,
+            payload,
+            timeout=timeout,
+            agent=agent,
+            selector=selector,
+            parent=self.envelope,
+            **options,
         )
 
     async def publish(self, intent: str, payload: Any) -> Envelope:

@@ -48,6 +48,8 @@ __all__ = ["DurableConfig", "DurableExecutor", "Results", "ensure_streams", "sen
 
 log = logging.getLogger("intentbus.durable")
 REQUESTS_STREAM, RESULTS_STREAM = "IB_REQUESTS", "IB_RESULTS"
+#: Refusals that may pass later (trust fed back by the registry, a clock catching up).
+_MAYBE_LATER = frozenset({"unknown_signer", "not_yet_valid"})
 PENDING_BUCKET = "intentbus_pending"
 WEEK = 7 * 24 * 3600.0
 
@@ -274,22 +276,26 @@ class DurableExecutor:
         try:
             env = self._verifier.verify(msg.data, now, ("request",))
         except EnvelopeRejected as exc:
+            if exc.code in _MAYBE_LATER:  # e.g. a key the registry will feed back, a skewed clock
+                log.info("async request not accepted yet (%s); later", exc)
+                await msg.nak(delay=max(self.config.ack_wait, 5.0))
+                return
             log.warning("refused an async request: %s", exc)
             await msg.term()  # never executed, never redelivered
             return
         handler = self._handlers.get(env.intent)
         key = self.key_of(env)
-        if handler is None or env.expires_at <= now:
-            error = ErrorInfo("no_handler" if handler is None else "deadline_exceeded", "not run")
-            await self._finish(msg, env, key, None, error)
-            return
         lease = now + int(self.config.lease * 1000)
         claim = await self._idem.claim(key, lease, now, now + 1000)
         if not claim.run:
             if claim.result is None:  # another instance is on it: look again later
                 await msg.nak(delay=self.config.ack_wait / 2)
                 return
-            await self._resend(msg, env, key, claim.result)
+            await self._resend(msg, env, key, claim.result)  # never overwrite an outcome
+            return
+        if handler is None or env.expires_at <= now:
+            error = ErrorInfo("no_handler" if handler is None else "deadline_exceeded", "not run")
+            await self._finish(msg, env, key, None, error)
             return
         await self._execute(msg, env, key, handler, None, claim.owner)
 
@@ -331,7 +337,8 @@ class DurableExecutor:
             async def progress(data: Any) -> None:
                 await self._deliver(env, data, None, f"working:{next(steps)}")
 
-            async with asyncio.timeout(timeout):
+            scope = asyncio.timeout(timeout)
+            async with scope:
                 result = await handler(env.payload, Context(self.bus, env, review, progress))
             error = None
         except PendingReview as exc:
@@ -339,8 +346,15 @@ class DurableExecutor:
             if msg is not None:
                 await msg.ack()
             return "parked"
-        except TimeoutError:
-            result, error = None, ErrorInfo("deadline_exceeded", "deadline passed")
+        except TimeoutError as exc:
+            if scope.expired():
+                result, error = None, ErrorInfo("deadline_exceeded", "deadline passed")
+            else:  # a nested call's own timeout
+                result, error = None, _as_error(exc)
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise  # closing: left for redelivery
+            result, error = None, ErrorInfo("handler_error", "CancelledError inside the handler")
         except Exception as exc:
             result, error = None, _as_error(exc)
         await self._finish(msg, env, key, result, error)
@@ -350,13 +364,14 @@ class DurableExecutor:
         every = min(self.config.ack_wait, self.config.lease) / 3
         while True:
             await asyncio.sleep(every)
-            with contextlib.suppress(TransportError):
+            try:  # a failed pass (a leader election) must not end the keep-alive
                 if msg is not None:
                     await msg.in_progress()
-            with contextlib.suppress(TransportError):
                 if owner:
                     lease = self.bus.now_ms() + int(self.config.lease * 1000)
                     await self._idem.renew(key, owner, lease)
+            except Exception as exc:
+                log.info("keep-alive of %s failed this pass: %s", key, exc)
 
     async def _finish(
         self, msg: JsMsg | None, env: Envelope, key: str, result: Any, error: ErrorInfo | None
@@ -380,12 +395,12 @@ class DurableExecutor:
         return dict(outcome, status="final")
 
     async def _resend(self, msg: JsMsg, env: Envelope, key: str, stored: dict[str, Any]) -> None:
-        if stored.get("status") == "parked":
-            await msg.ack()  # it waits for a reviewer, not for another run
-            return
         if self._idem.shared and not verified_outcome(key, stored, self.bus.trust):
             log.error("unverifiable recorded outcome for %s; leaving it unanswered", key)
             await msg.term()
+            return
+        if stored.get("status") == "parked":
+            await msg.ack()  # it waits for a reviewer, not for another run
             return
         error = stored.get("error")
         info = ErrorInfo(error["code"], error["message"], error.get("data")) if error else None
@@ -393,12 +408,15 @@ class DurableExecutor:
         await msg.ack()
 
     async def _park(self, env: Envelope, key: str, exc: PendingReview) -> None:
-        await self._idem.finish(key, {"status": "parked", "payload": None, "error": None})
         entry = {"request_id": env.message_id, "intent": env.intent, "reason": exc.reason,
                  "data": exc.data, "executor": self.bus.agent_id, "key": key,
                  "requester": env.sender.agent_id, "parked_at": self.bus.now_ms(),
                  "envelope": env.to_bytes().decode()}  # fmt: skip
-        await self.pending.put(env.message_id, orjson.dumps(entry))
+        await self.pending.put(env.message_id, orjson.dumps(entry))  # first: reviewable
+        marker: dict[str, Any] = {"payload": None, "error": None}
+        if self._idem.shared:
+            marker = seal_outcome(key, marker, self.bus.key)
+        await self._idem.finish(key, dict(marker, status="parked"))
         info = {"reason": exc.reason, "data": exc.data}
         await self._deliver(env, info, None, "pending_review")
 
@@ -412,7 +430,7 @@ class DurableExecutor:
         _, body = self.bus._sealer.seal(
             kind="reply", intent=env.intent, payload=result, error=error, status=status,
             correlation_id=env.correlation_id, trace=new_trace(env.trace), created_at=now,
-            expires_at=max(env.expires_at, now + 3_600_000), recipient=env.sender,
+            expires_at=now + int(self.config.max_lifetime * 1000), recipient=env.sender,
             in_reply_to=env.message_id,
         )  # fmt: skip
         await self.deliverer.deliver(

@@ -211,15 +211,23 @@ class Receiver:
     async def _invoke(self, handler: Handler, env: Envelope) -> tuple[Any, ErrorInfo | None]:
         """Run the handler under the request's deadline; map failures to error infos."""
         token = current_envelope.set(env)
+        scope = asyncio.timeout((env.expires_at - self._now_ms()) / 1000)
         try:
-            async with asyncio.timeout((env.expires_at - self._now_ms()) / 1000):
+            async with scope:
                 return await handler(env.payload, self._make_context(env)), None
         except HandlerError as exc:
             return None, ErrorInfo(exc.code, exc.message, exc.data)
-        except TimeoutError:
-            return None, _DEADLINE
+        except TimeoutError as exc:
+            if scope.expired():  # our deadline, not a nested call's own timeout
+                return None, _DEADLINE
+            return None, _passed_on(exc) if isinstance(exc, RemoteError) else _nested(exc)
         except RemoteError as exc:  # a nested call failed: pass its code on, say where from
             return None, _passed_on(exc)
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise  # the bus is closing: this worker stops
+            # the handler awaited something that was cancelled: its failure, not ours
+            return None, ErrorInfo("handler_error", "CancelledError inside the handler")
         except Exception as exc:
             log.warning("handler for %s raised %s", env.intent, exc, exc_info=True)
             return None, ErrorInfo("handler_error", f"{type(exc).__name__}: {exc}")
@@ -298,6 +306,16 @@ class Receiver:
             await self._transport.publish(subject, body)
         except TransportError as exc:
             log.warning("could not send reply to %s: %s", subject, exc)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _nested(exc: TimeoutError) -> ErrorInfo:
+    """A nested call timed out (the handler did not catch it): the upstream failed."""
+    return ErrorInfo("upstream_error", f"{type(exc).__name__}: {exc}", {"origin_code": "timeout"})
 
 
 def _passed_on(exc: RemoteError) -> ErrorInfo:

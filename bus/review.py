@@ -55,6 +55,8 @@ def review_handler(
             raise HandlerError(
                 "review.stale", f"the parked request no longer verifies: {exc}"
             ) from None
+        if env.intent != intent or entry.get("intent") != intent or env.message_id != request_id:
+            raise HandlerError("review.mismatch", f"{request_id} is not a parked {intent} request")
         key = executor.key_of(env)
         approved = payload["decision"] == "approve"
         if approved:

@@ -120,7 +120,7 @@ class RegistryCache(Index):
                 await asyncio.sleep(0.5)
 
     def _replace(self, snapshot: dict[str, KVEvent]) -> None:
-        self.revoked.clear()
+        # revocations seen stay in force even if their key vanished meanwhile
         for event in snapshot.values():
             if event.key.startswith(REVOKED_PREFIX):
                 self._apply(event)
@@ -177,16 +177,22 @@ class RegistryCache(Index):
     def _apply_revocation(self, event: KVEvent) -> None:
         kid = event.key[len(REVOKED_PREFIX) :]
         if event.value is None:
-            self.revoked.discard(kid)
-            return
+            return  # a revocation is signed; deleting it (anyone can) does not undo it
         if not any(jws_verify(_json(event.value), {"revoked": kid}, op) for op in self.operators):
             self.refused["bad_signature"] = self.refused.get("bad_signature", 0) + 1
             return
         self.revoked.add(kid)
         for record in [r for r in self.records.values() if r.key.kid == kid]:
             self._drop(record.agent_id)
+        if kid in self._fed:  # a key rotated away from, still fed: stop trusting it too
+            self._fed.discard(kid)
+            self.trust.remove(kid)
 
     def _upsert(self, record: AgentRecord) -> None:
+        old = self.get(record.agent_id)
+        if old is not None and old.key != record.key and old.key.kid in self._fed:
+            self._fed.discard(old.key.kid)  # key rotation: the old key is trusted no longer
+            self.trust.remove(old.key.kid)
         self.put(record)
         kid = record.key.kid
         if kid not in self.trust and self.trust_of(record) == "endorsed":

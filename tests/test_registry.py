@@ -306,3 +306,24 @@ async def test_revoking_an_endorsed_agent_stops_its_envelopes(
     assert info.value.code == "unknown_signer"
     await worker_reg.close()
     await feed.close()
+
+
+async def test_a_rotated_endorsed_key_is_trusted_no_longer(connect: Connect, bucket: str) -> None:
+    operator = KeyPair.generate("ops")
+    old, new = KeyPair.generate("worker-3"), KeyPair.generate("worker-3")
+    trust = TrustStore()
+    reader = await open_registry(connect, bucket, trust, operators=[operator.public])
+    writer = await open_registry(connect, bucket, TrustStore([old.public, new.public]))
+    first = await writer.register(old, [], {}, ttl=30, endorsement=endorse(operator, old.public))
+    await until(lambda: old.kid in trust)
+    await first.stop(deregister=False)
+    await writer.register(new, [], {}, ttl=30, endorsement=endorse(operator, new.public))
+    await until(lambda: new.kid in trust)
+    assert old.kid not in trust  # the rotated-away key signs nothing any more
+    await reader.revoke(operator, new.kid)
+    await until(lambda: new.kid not in trust)
+    await writer.kv.delete(f"revoked.{new.kid}")  # deleting a revocation does not undo it
+    await asyncio.sleep(0.2)
+    assert new.kid in reader.revoked
+    await writer.close()
+    await reader.close()

@@ -28,7 +28,7 @@ FAST = RetryPolicy(attempts=6, base=0.05, cap=0.2)
 async def two_instances(make_bus: BusFactory, keys: dict[str, KeyPair], handler: Any) -> Bus:
     p = keys["planner"]
     planner = await make_bus(p, trust=[keys["executor"].public, keys["executor-b"].public])
-    peers = [keys["executor"].public, keys["executor-b"].public]
+    peers = [keys["executor"].public, keys["executor-b"].public, keys["sub"].public]
     for name in ("executor", "executor-b"):
         # instances of a group trust each other: they serve each other's cached outcomes
         bus = await make_bus(keys[name], trust=[p.public, *peers])
@@ -162,3 +162,24 @@ async def test_call_kinds_set_default_timeouts(
         await planner.request("x.y", {}, call="forever")
     with pytest.raises(UsageError):
         await planner.request("x.y", {}, retry=0)
+
+
+async def test_a_nested_timeout_is_an_upstream_failure_not_our_deadline(
+    make_bus: BusFactory, keys: dict[str, KeyPair]
+) -> None:
+    calls: list[Any] = []
+
+    async def slow(payload: Any, ctx: Context) -> Any:
+        await asyncio.sleep(5)
+
+    async def outer(payload: Any, ctx: Context) -> Any:
+        calls.append(payload)
+        return await ctx.request("inner.slow", {}, timeout=0.1, retry=1)
+
+    planner = await two_instances(make_bus, keys, outer)
+    inner = await make_bus(keys["sub"], trust=[keys["executor"].public, keys["executor-b"].public])
+    await inner.handle("inner.slow", slow)
+    with pytest.raises(HandlerFailed) as info:
+        await planner.request("order.place", {}, timeout=3, retry=3)
+    assert info.value.code == "upstream_error"  # an answer: not retried, not run again
+    assert len(calls) == 1

@@ -119,6 +119,8 @@ class _Bucket:
             entry = await self._kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             return None
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv get {key!r}: {exc}") from exc
         value: bytes | None = entry.value
         return value
 
@@ -155,6 +157,13 @@ class _Sub:
             raise TransportError(f"unsubscribe: {exc}") from exc
 
 
+async def _wrapped(op: Awaitable[None], what: str) -> None:
+    try:
+        await op
+    except nats.errors.Error as exc:
+        raise TransportError(f"{what}: {exc}") from exc
+
+
 class _JsMsg:
     __slots__ = ("_msg",)
 
@@ -176,16 +185,16 @@ class _JsMsg:
         return int(self._msg.metadata.num_delivered)
 
     async def ack(self) -> None:
-        await self._msg.ack()
+        await _wrapped(self._msg.ack(), "ack")
 
     async def nak(self, delay: float | None = None) -> None:
-        await self._msg.nak(delay=delay)
+        await _wrapped(self._msg.nak(delay=delay), "nak")
 
     async def in_progress(self) -> None:
-        await self._msg.in_progress()
+        await _wrapped(self._msg.in_progress(), "in_progress")
 
     async def term(self) -> None:
-        await self._msg.term()
+        await _wrapped(self._msg.term(), "term")
 
 
 class _Pull:
