@@ -101,12 +101,17 @@ class IdempotencyStore(Protocol):
         """Extend the lease of a claim we hold."""
         ...
 
+    async def take_parked(self, key: str, lease_until_ms: int) -> str | None:
+        """Turn a parked request's record into our claim; the owner token, or None if it
+        is not parked (any more): one reviewer's decision runs, never two."""
+        ...
+
     async def finish(self, key: str, result: dict[str, Any]) -> None:
         """Record the outcome of a claimed key."""
         ...
 
-    async def release(self, key: str) -> None:
-        """Give a claim up without an outcome (the handler did not complete)."""
+    async def release(self, key: str, owner: str = "") -> None:
+        """Give our claim up without an outcome (the handler did not complete)."""
         ...
 
 
@@ -129,36 +134,52 @@ class _KVStore:
                     raise
                 await asyncio.sleep(POLL_SECONDS)
                 continue  # the create may or may not have been stored: look
-            raw = await self._kv.get(key)
-            if raw is None:
+            found = await self._kv.entry(key)
+            if found is None:
                 continue  # released or expired between the two calls: claim again
-            state = orjson.loads(raw)
+            state, revision = orjson.loads(found[0]), found[1]
             if state.get("owner") == owner:
                 return Claim(run=True, owner=owner)
             if state.get("state") == "done":
                 return Claim(run=False, result=state)
             now = self._clock_ms()
-            if state.get("until", 0) < now:  # the claimant's attempt is over: take over
-                await self._kv.delete(key)
+            if state.get("until", 0) < now:  # the claimant's lease ran out: take over,
+                taken = dict(state, until=lease_until_ms, owner=owner)  # only if unchanged
+                if await self._kv.update(key, orjson.dumps(taken), revision):
+                    return Claim(run=True, owner=owner)
                 continue
             if now >= wait_until_ms:
                 return Claim(run=False)
             await asyncio.sleep(POLL_SECONDS)
 
     async def renew(self, key: str, owner: str, lease_until_ms: int) -> None:
-        """Extend our claim's lease while the work goes on (no-op if it is not ours)."""
-        raw = await self._kv.get(key)
-        if raw is not None:
-            state = orjson.loads(raw)
+        """Extend our claim's lease while the work goes on (no-op if it is not ours, or
+        no longer pending: a revision check keeps a renewal from undoing an outcome)."""
+        found = await self._kv.entry(key)
+        if found is not None:
+            state = orjson.loads(found[0])
             if state.get("state") == "pending" and state.get("owner") == owner:
                 state["until"] = lease_until_ms
-                await self._kv.put(key, orjson.dumps(state))
+                await self._kv.update(key, orjson.dumps(state), found[1])
+
+    async def take_parked(self, key: str, lease_until_ms: int) -> str | None:
+        found = await self._kv.entry(key)
+        if found is None or orjson.loads(found[0]).get("status") != "parked":
+            return None
+        owner = new_id()
+        claim = {"state": "pending", "until": lease_until_ms, "owner": owner}
+        return owner if await self._kv.update(key, orjson.dumps(claim), found[1]) else None
 
     async def finish(self, key: str, result: dict[str, Any]) -> None:
         await self._kv.put(key, orjson.dumps(dict(result, state="done")))
 
-    async def release(self, key: str) -> None:
-        await self._kv.delete(key)
+    async def release(self, key: str, owner: str = "") -> None:
+        """Give up our claim (only ours, and only while it is still pending)."""
+        found = await self._kv.entry(key)
+        if found is not None:
+            state = orjson.loads(found[0])
+            if state.get("state") == "pending" and (not owner or state.get("owner") == owner):
+                await self._kv.delete_if(key, found[1])
 
 
 class SharedIdempotency(_KVStore):

@@ -185,7 +185,7 @@ class Receiver:
                 return
         result, error = await self._invoke(handler, env)
         if idem is not None:
-            await self._record(idem, key, result, error)
+            await self._record(idem, key, result, error, claim.owner)
         if expects_reply:
             await self._reply(env, transport_reply, result, error)
 
@@ -235,11 +235,11 @@ class Receiver:
             current_envelope.reset(token)
 
     async def _record(
-        self, idem: IdempotencyStore, key: str, result: Any, error: ErrorInfo | None
+        self, idem: IdempotencyStore, key: str, result: Any, error: ErrorInfo | None, owner: str
     ) -> None:
         try:
             if error is _DEADLINE:
-                await idem.release(key)  # did not complete: a retry may run it
+                await idem.release(key, owner)  # did not complete: a retry may run it
                 return
             outcome: dict[str, Any] = {"payload": result, "error": error and error.to_dict()}
             try:

@@ -58,9 +58,14 @@ def review_handler(
         if env.intent != intent or entry.get("intent") != intent or env.message_id != request_id:
             raise HandlerError("review.mismatch", f"{request_id} is not a parked {intent} request")
         key = executor.key_of(env)
+        lease = ctx.bus.now_ms() + int(executor.config.lease * 1000)
+        owner = await executor._idem.take_parked(key, lease)
+        if owner is None:
+            raise HandlerError("review.in_progress", f"{request_id} is being decided already")
         approved = payload["decision"] == "approve"
         if approved:
-            state = await executor._execute(None, env, key, handler, Review(True, ctx.sender, note))
+            review = Review(True, ctx.sender, note)
+            state = await executor._execute(None, env, key, handler, review, owner)
         else:
             reason = note or f"declined by {ctx.sender}"
             await executor._finish(None, env, key, None, ErrorInfo("review.declined", reason))

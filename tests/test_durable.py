@@ -260,3 +260,31 @@ async def test_progress_reaches_the_requester_before_the_result(connect: Any) ->
         ("working", {"done": 0.5}), ("working", {"done": 0.9}), ("ok", {"rows": 42})
     ]  # fmt: skip
     await results.close()
+
+
+async def test_two_approvals_at_once_run_the_request_once(connect: Any) -> None:
+    runs: list[Any] = []
+
+    async def place(payload: Any, ctx: Context) -> Any:
+        if not ctx.review:
+            raise PendingReview("needs a person")
+        runs.append(ctx.review.by)
+        await asyncio.sleep(0.2)
+        return "placed"
+
+    executor = await connect("exec-a")
+    await executor.serve_durable("order.place", place, config=FAST)
+    planner = await connect("planner")
+    parked = await planner.send("order.place", {})
+    for _ in range(100):
+        if await planner.pending():
+            break
+        await asyncio.sleep(0.05)
+    a, b = await connect("reviewer"), await connect("planner")
+    outcomes = await asyncio.gather(
+        a.review(parked.message_id, approve=True), b.review(parked.message_id, approve=True),
+        return_exceptions=True,
+    )  # fmt: skip
+    errors = [o for o in outcomes if isinstance(o, RemoteError)]
+    assert len(errors) == 1 and errors[0].code in ("review.in_progress", "review.unknown")
+    assert len(runs) == 1

@@ -106,6 +106,18 @@ class KeyValue(Protocol):
         """Remove ``key`` (no error when absent)."""
         ...
 
+    async def entry(self, key: str) -> tuple[bytes, int] | None:
+        """The current value and its revision, or None when absent."""
+        ...
+
+    async def update(self, key: str, value: bytes, revision: int) -> bool:
+        """Store ``value`` only if ``key`` is still at ``revision`` (compare-and-swap)."""
+        ...
+
+    async def delete_if(self, key: str, revision: int) -> bool:
+        """Remove ``key`` only if it is still at ``revision``."""
+        ...
+
 
 class JsMsg(Protocol):
     """A message from a durable stream; it is redelivered until acknowledged."""

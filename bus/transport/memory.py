@@ -160,6 +160,24 @@ class MemoryKeyValue:
     async def delete(self, key: str) -> None:
         self._remove(key)
 
+    async def entry(self, key: str) -> tuple[bytes, int] | None:
+        value = self._live(key)
+        return None if value is None else (value, self._data[key][2])
+
+    async def update(self, key: str, value: bytes, revision: int) -> bool:
+        current = await self.entry(key)
+        if current is None or current[1] != revision:
+            return False
+        self._store(key, value, None)
+        return True
+
+    async def delete_if(self, key: str, revision: int) -> bool:
+        current = await self.entry(key)
+        if current is None or current[1] != revision:
+            return False
+        self._remove(key)
+        return True
+
     async def watch(self) -> KeyWatch:
         watcher = _MemoryWatch(self)
         for key in list(self._data):

@@ -139,6 +139,33 @@ class _Bucket:
         except nats.errors.Error as exc:
             raise TransportError(f"kv delete {key!r}: {exc}") from exc
 
+    async def entry(self, key: str) -> tuple[bytes, int] | None:
+        try:
+            found = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv get {key!r}: {exc}") from exc
+        return (found.value or b""), int(found.revision)
+
+    async def update(self, key: str, value: bytes, revision: int) -> bool:
+        try:
+            await self._kv.update(key, value, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv update {key!r}: {exc}") from exc
+        return True
+
+    async def delete_if(self, key: str, revision: int) -> bool:
+        try:
+            await self._kv.delete(key, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        except nats.errors.Error as exc:
+            raise TransportError(f"kv delete {key!r}: {exc}") from exc
+        return True
+
     async def watch(self) -> KeyWatch:
         try:
             return _Watch(await self._kv.watchall())
