@@ -115,14 +115,8 @@ class _Bucket:
         return True
 
     async def get(self, key: str) -> bytes | None:
-        try:
-            entry = await self._kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        except nats.errors.Error as exc:
-            raise TransportError(f"kv get {key!r}: {exc}") from exc
-        value: bytes | None = entry.value
-        return value
+        found = await self.entry(key)
+        return None if found is None else found[0]
 
     async def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
         try:
